@@ -1,0 +1,80 @@
+"""ctxstore: a distributed, multi-tenant context store for LLM agents, on Redis.
+
+Agent pods append each session's messages to a Redis Stream (lock-free,
+idempotent), and before every model call read a budgeted, tool-safe view in
+one round trip. See the README for the tour.
+"""
+
+from ctxstore.amplifier import StoreContextManager
+from ctxstore.budget import Budget, resolve_budget
+from ctxstore.embedded import EmbeddedRedis
+from ctxstore.errors import (
+    BudgetExceededError,
+    ConfigurationError,
+    ConflictError,
+    CorruptEntryError,
+    CtxstoreError,
+    InvalidIdError,
+    InvalidInputError,
+    InvalidMessageError,
+    LeaseError,
+    LeaseHeldError,
+    LeaseLostError,
+    MessageTooLargeError,
+    SessionNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
+from ctxstore.lease import Clock, Lease
+from ctxstore.models import (
+    AppendResult,
+    HistoryPage,
+    Message,
+    RequestView,
+    SessionInfo,
+    SessionSummary,
+    StoredMessage,
+    ViewStats,
+    WriteResult,
+)
+from ctxstore.settings import Settings
+from ctxstore.store import ContextStore
+from ctxstore.tokens import TiktokenCounter, TokenCounter, count_message
+
+__all__ = [
+    "AppendResult",
+    "Budget",
+    "BudgetExceededError",
+    "Clock",
+    "ConfigurationError",
+    "ConflictError",
+    "ContextStore",
+    "CorruptEntryError",
+    "CtxstoreError",
+    "EmbeddedRedis",
+    "HistoryPage",
+    "InvalidIdError",
+    "InvalidInputError",
+    "InvalidMessageError",
+    "Lease",
+    "LeaseError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "Message",
+    "MessageTooLargeError",
+    "RequestView",
+    "SessionInfo",
+    "SessionNotFoundError",
+    "SessionSummary",
+    "Settings",
+    "StoreContextManager",
+    "StoreError",
+    "StoreUnavailableError",
+    "StoredMessage",
+    "TiktokenCounter",
+    "TokenCounter",
+    "ViewStats",
+    "WriteResult",
+    "count_message",
+    "resolve_budget",
+]

@@ -1,0 +1,122 @@
+"""The only place key strings are formatted, and ids are validated.
+
+Every key of one session shares the hash tag ``{tenant:session}``, so every
+script touches one cluster slot and the same code runs on one Redis and on
+Redis Cluster. The tenant's own keys carry the tag ``{tenant}``.
+
+An id is an ASCII letter, digit or underscore, then up to 127 of those, ``.``
+or ``-``, and never ``..``. Everything else is refused: braces would move the
+hash tag, ``:`` would forge another key's layout, ``*?[]`` are glob syntax in
+ACL key patterns and SCAN, whitespace and control characters break logs and
+the protocol, and non-ASCII letters allow look-alikes of another tenant's id.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ctxstore.errors import ConfigurationError, InvalidIdError
+
+MAX_ID_LENGTH = 128
+
+_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+_PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+
+
+def validate_id(value: object, kind: str) -> str:
+    """Return ``value`` if it is a valid tenant or session id.
+
+    Args:
+        value: The candidate id.
+        kind: ``"tenant"`` or ``"session"``, for the error message.
+
+    Raises:
+        InvalidIdError: The id is not a string, is empty, longer than 128
+            characters, or holds a character outside the allowed set.
+    """
+    if not isinstance(value, str):
+        raise InvalidIdError(f"{kind} id must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidIdError(f"{kind} id is empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidIdError(f"{kind} id is {len(value)} characters, over {MAX_ID_LENGTH}")
+    if _ID.fullmatch(value) is None or ".." in value:
+        raise InvalidIdError(
+            f"{kind} id {value!r} may hold only ASCII letters, digits, '_', '.' and '-' "
+            "(starting with a letter, digit or '_', and no '..')"
+        )
+    return value
+
+
+def validate_prefix(value: str) -> str:
+    """Return ``value`` if it can prefix keys safely.
+
+    Raises:
+        ConfigurationError: The prefix is empty or holds unsafe characters.
+    """
+    if _PREFIX.fullmatch(value) is None or ".." in value:
+        raise ConfigurationError(f"key prefix {value!r} is not a safe key prefix")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """The keys of one session; all in the slot of ``{tenant:session}``.
+
+    Attributes:
+        log: Stream, one entry per message.
+        meta: Hash: epoch, seq, count, tokens, ids, watermark, fence.
+        view: Hash: the cached summary (the compacted view).
+        lease: Hash: the lease holder's token, fence and expiry.
+        idem: Hash: idempotency key -> entry id, the current generation.
+        idem_old: The previous generation of ``idem``.
+        keep: Hash: entry id -> kind of the messages every view must send.
+    """
+
+    log: str
+    meta: str
+    view: str
+    lease: str
+    idem: str
+    idem_old: str
+    keep: str
+
+    def all(self) -> tuple[str, ...]:
+        """Every key of the session, in a fixed order."""
+        return (self.log, self.meta, self.view, self.lease, self.idem, self.idem_old, self.keep)
+
+
+@lru_cache(maxsize=4096)
+def session_keys(prefix: str, tenant: str, session: str) -> SessionKeys:
+    """Format the keys of one session (ids must be validated already)."""
+    base = f"{prefix}:{{{tenant}:{session}}}:"
+    return SessionKeys(
+        log=base + "log",
+        meta=base + "meta",
+        view=base + "view",
+        lease=base + "lease",
+        idem=base + "idem",
+        idem_old=base + "idem:old",
+        keep=base + "keep",
+    )
+
+
+def tenant_sessions_key(prefix: str, tenant: str) -> str:
+    """The sorted set of a tenant's sessions, scored by last activity (ms)."""
+    return f"{prefix}:{{{tenant}}}:sessions"
+
+
+def tenant_key_pattern(prefix: str, tenant: str) -> str:
+    """The ACL key pattern that covers every key of one tenant and nothing else.
+
+    A tenant id never holds ``:`` or a brace, so ``{tenant:`` and ``{tenant}``
+    cannot match another tenant whose id starts with this one.
+    """
+    return f"{prefix}:{{{tenant}:*"
+
+
+def tenant_index_pattern(prefix: str, tenant: str) -> str:
+    """The ACL key pattern of the tenant's own (non-session) keys."""
+    return f"{prefix}:{{{tenant}}}:*"

@@ -1,0 +1,69 @@
+"""The Lua scripts, loaded once from package data.
+
+Each file is headed by its KEYS/ARGV contract and the race it closes.
+``Connection.script`` runs them with ``EVALSHA`` and, on ``NOSCRIPT`` (a new
+or restarted server), sends them once with ``EVAL``, which caches them too.
+No ``SCRIPT`` command is ever needed, so ACL users can be denied them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib.resources import files
+
+__all__ = ["SCRIPTS", "Script"]
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One Lua script.
+
+    Attributes:
+        name: Its file name, without ``.lua``.
+        source: Its text.
+        sha: Its SHA1, as ``EVALSHA`` wants it.
+    """
+
+    name: str
+    source: bytes
+    sha: str
+
+    @classmethod
+    def load(cls, name: str) -> Script:
+        """Read ``scripts/<name>.lua`` from the package."""
+        source = files("ctxstore").joinpath("scripts", f"{name}.lua").read_bytes()
+        return cls(name, source, hashlib.sha1(source).hexdigest())
+
+
+class _Scripts:
+    """Every script, loaded once, by attribute."""
+
+    def __init__(self) -> None:
+        for name in (
+            "append",
+            "delete",
+            "info",
+            "lease_acquire",
+            "lease_release",
+            "lease_renew",
+            "pin",
+            "read",
+            "rewrite",
+            "view",
+        ):
+            setattr(self, name, Script.load(name))
+
+    append: Script
+    delete: Script
+    info: Script
+    lease_acquire: Script
+    lease_release: Script
+    lease_renew: Script
+    pin: Script
+    read: Script
+    rewrite: Script
+    view: Script
+
+
+SCRIPTS = _Scripts()

@@ -1,0 +1,205 @@
+"""The Amplifier ``ContextManager`` adapter, over one ctxstore session.
+
+Registered as the ``context-ctxstore`` module (entry point group
+``amplifier.modules``). Mount it with an empty config and it works: Redis
+from the settings (``CTXSTORE_REDIS_URL``) or an embedded one, the default
+tenant and a new session id. Pods that serve one conversation pass the same
+``session_id`` and share the history.
+
+Config keys:
+    redis_url: The store's Redis (else ``CTXSTORE_REDIS_URL``, else embedded).
+    tenant: The tenant (else ``CTXSTORE_TENANT``, else ``default``).
+    session_id: The session; a new one by default.
+    key_prefix: The first part of every key (else ``CTXSTORE_KEY_PREFIX``).
+    max_tokens: The budget when neither the caller nor the provider gives one.
+    compaction_threshold: Compact when the history passes this share of the
+        budget, down to that share (0 < t <= 1; 0.92 by default).
+    keep_stored_on_resume: If the session already had messages when mounted,
+        ignore the first ``set_messages`` (the host's filtered transcript would
+        lose system messages); True by default, as seed 000 asks of
+        persistent context managers.
+
+Compaction is a view: the history is never changed by it. When a view drops,
+summarizes or offloads anything, ``context:pre_compact`` and
+``context:post_compact`` are emitted with message and token counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from ctxstore.budget import resolve_budget
+from ctxstore.errors import BudgetExceededError, ConfigurationError, InvalidInputError
+from ctxstore.models import RequestView
+from ctxstore.settings import Settings
+from ctxstore.store import ContextStore
+
+__all__ = ["StoreContextManager", "mount"]
+
+log = logging.getLogger(__name__)
+
+EVENTS = ("context:pre_compact", "context:post_compact")
+_SETTINGS_KEYS = ("redis_url", "tenant", "key_prefix")
+
+
+class StoreContextManager:
+    """Amplifier's five-method ``ContextManager`` over one ctxstore session.
+
+    Args:
+        store: The store (bound to the tenant).
+        session_id: The session this manager reads and writes.
+        max_tokens: The fallback budget; the store's default if ``None``.
+        compaction_threshold: Compact past this share of the budget, down to it.
+        hooks: Something with ``async emit(event, data)``, for the events.
+        keep_stored_on_resume: Ignore the first ``set_messages`` if the
+            session already had messages.
+    """
+
+    def __init__(
+        self,
+        store: ContextStore,
+        session_id: str,
+        *,
+        max_tokens: int | None = None,
+        compaction_threshold: float = 0.92,
+        hooks: Any | None = None,
+        keep_stored_on_resume: bool = False,
+    ) -> None:
+        if not 0 < compaction_threshold <= 1:
+            raise InvalidInputError("compaction_threshold must be in (0, 1]")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
+            raise InvalidInputError("max_tokens must be a positive integer")
+        store.keys(session_id)  # refuses an invalid id now, not at the first call
+        self.store = store
+        self.session_id = session_id
+        self.max_tokens = max_tokens
+        self.compaction_threshold = compaction_threshold
+        self.last_view: RequestView | None = None
+        self._hooks = hooks
+        self._ignore_next_set = keep_stored_on_resume
+
+    async def add_message(self, message: dict[str, Any]) -> None:
+        """Append a message to the session (validated; one round trip, no lock)."""
+        self._ignore_next_set = False
+        await self.store.append(self.session_id, message)
+
+    async def get_messages_for_request(
+        self,
+        token_budget: int | None = None,
+        provider: Any | None = None,
+    ) -> list[dict[str, Any]]:
+        """The messages to send: compacted to fit, tool pairs whole, history untouched.
+
+        Raises:
+            BudgetExceededError: System and pinned messages alone exceed the budget.
+        """
+        view = await self._view(token_budget, provider, self.compaction_threshold)
+        if view.stats.over_budget and self.compaction_threshold < 1:
+            view = await self._view(token_budget, provider, 1.0)
+        self.last_view = view
+        stats = view.stats
+        if stats.over_budget:
+            raise BudgetExceededError(
+                stats.budget,
+                stats.protected_tokens,
+                tenant=self.store.tenant,
+                session=self.session_id,
+            )
+        if stats.compacted:
+            await self._emit(
+                "context:pre_compact",
+                {"message_count": stats.history_messages, "token_count": stats.history_tokens},
+            )
+            await self._emit(
+                "context:post_compact",
+                {
+                    "message_count": stats.messages,
+                    "token_count": stats.tokens,
+                    "dropped": stats.dropped,
+                    "summary_used": stats.summary_used,
+                    "offloaded": len(stats.offloaded),
+                    "repairs": list(stats.repairs),
+                },
+            )
+        return view.messages
+
+    async def _view(self, token_budget: int | None, provider: Any, share: float) -> RequestView:
+        settings = self.store.settings
+        if token_budget is None and provider is None:
+            token_budget = self.max_tokens or settings.default_token_budget
+        budget = resolve_budget(
+            token_budget,
+            provider,
+            model=None,
+            default=self.max_tokens or settings.default_token_budget,
+            margin=settings.provider_safety_margin,
+            factors=settings.token_safety_factors,
+        )
+        return await self.store.view(
+            self.session_id, token_budget=max(1, int(budget.tokens * share)), model=budget.model
+        )
+
+    async def get_messages(self) -> list[dict[str, Any]]:
+        """The full history, uncompacted."""
+        return await self.store.get_messages(self.session_id)
+
+    async def set_messages(self, messages: list[dict[str, Any]]) -> None:
+        """Replace the history (session resume), under the session's lease."""
+        if self._ignore_next_set:
+            self._ignore_next_set = False
+            log.info("ignoring set_messages: session %s was loaded from the store", self.session_id)
+            return
+        await self.store.replace(self.session_id, messages)
+
+    async def clear(self) -> None:
+        """Drop every message of the session."""
+        self._ignore_next_set = False
+        await self.store.clear(self.session_id)
+
+    async def _emit(self, event: str, data: dict[str, Any]) -> None:
+        if self._hooks is None:
+            return
+        try:
+            await self._hooks.emit(event, data)
+        except Exception:
+            log.warning("hook for %s failed", event, exc_info=True)
+
+
+async def mount(
+    coordinator: Any, config: dict[str, Any] | None = None
+) -> Callable[[], Awaitable[None]]:
+    """Mount a ctxstore-backed context manager on an Amplifier coordinator.
+
+    Returns:
+        An async cleanup function that closes the store's connections.
+    """
+    config = dict(config or {})
+    try:
+        settings = Settings(**{k: config[k] for k in _SETTINGS_KEYS if config.get(k) is not None})
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid context-ctxstore config: {exc}") from exc
+    store = ContextStore.from_settings(settings)
+    session_id = config.get("session_id") or uuid.uuid4().hex
+    existed = (await store.info(session_id)).count > 0 if config.get("session_id") else False
+    context = StoreContextManager(
+        store,
+        session_id,
+        max_tokens=config.get("max_tokens"),
+        compaction_threshold=config.get("compaction_threshold", 0.92),
+        hooks=getattr(coordinator, "hooks", None),
+        keep_stored_on_resume=existed and config.get("keep_stored_on_resume", True),
+    )
+    await coordinator.mount("context", context, name="context-ctxstore")
+    register = getattr(coordinator, "register_contributor", None)
+    if register is not None:
+        register("observability.events", "context-ctxstore", lambda: list(EVENTS))
+
+    async def cleanup() -> None:
+        await store.aclose()
+
+    return cleanup

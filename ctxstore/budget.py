@@ -1,0 +1,103 @@
+"""Where a request view's token budget comes from.
+
+In order: the caller's explicit budget; else the provider's window, as seed
+000 of the Amplifier contract says (``context_window - max_output_tokens -
+safety margin`` from ``provider.get_info().defaults``); else the settings'
+default. The budget is in the model's tokens; stored counts are cl100k, so
+it is divided by the model family's safety factor before it is compared
+with them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ctxstore.errors import InvalidInputError
+from ctxstore.tokens import safety_factor
+
+__all__ = ["Budget", "resolve_budget"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A resolved budget.
+
+    Attributes:
+        tokens: The budget in the model's tokens.
+        cl100k: The same budget in stored (cl100k) tokens.
+        model: The model (or provider) name the factor was chosen for.
+        source: ``"explicit"``, ``"provider"`` or ``"default"``.
+    """
+
+    tokens: int
+    cl100k: int
+    model: str | None
+    source: str
+
+
+def resolve_budget(
+    token_budget: int | None,
+    provider: Any | None,
+    *,
+    model: str | None,
+    default: int,
+    margin: int,
+    factors: Mapping[str, float],
+) -> Budget:
+    """Resolve the budget of one request view.
+
+    Args:
+        token_budget: An explicit budget, or ``None``.
+        provider: An Amplifier provider (anything with ``get_info()``), or ``None``.
+        model: The model's name, when the caller knows it.
+        default: The budget when neither of the above gives one.
+        margin: Tokens kept free below a provider's window.
+        factors: Model family -> safety factor.
+
+    Raises:
+        InvalidInputError: The explicit budget is not a positive integer.
+    """
+    info = _provider_info(provider)
+    model = model or info.get("model")
+    if token_budget is not None:
+        if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget <= 0:
+            raise InvalidInputError(
+                f"token_budget must be a positive integer, not {token_budget!r}"
+            )
+        tokens, source = token_budget, "explicit"
+    elif info.get("window"):
+        tokens, source = info["window"] - margin, "provider"
+        if tokens <= 0:
+            log.warning("provider window %s leaves no room; using the default budget", info)
+            tokens, source = default, "default"
+    else:
+        tokens, source = default, "default"
+    factor = safety_factor(factors, model)
+    return Budget(tokens, max(1, int(tokens / factor)), model, source)
+
+
+def _provider_info(provider: Any | None) -> dict[str, Any]:
+    """Window and model name from ``provider.get_info()``; empty when it has none."""
+    if provider is None:
+        return {}
+    try:
+        info = provider.get_info()
+    except Exception:
+        log.warning("provider.get_info() failed; using the default budget", exc_info=True)
+        return {}
+    defaults = getattr(info, "defaults", None)
+    if not isinstance(defaults, Mapping):
+        defaults = {}
+    found: dict[str, Any] = {}
+    name = defaults.get("model") or getattr(info, "id", None) or getattr(provider, "name", None)
+    if isinstance(name, str):
+        found["model"] = name
+    window, output = defaults.get("context_window"), defaults.get("max_output_tokens")
+    if isinstance(window, int) and isinstance(output, int) and window > 0 and output >= 0:
+        found["window"] = window - output
+    return found

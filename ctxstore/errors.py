@@ -1,0 +1,211 @@
+"""Every error ctxstore raises, under one root.
+
+```
+CtxstoreError                     root: catch this to catch everything ctxstore raises
+├── ConfigurationError            settings or a URL that cannot work
+├── InvalidInputError (ValueError) bad input refused before anything is written
+│   ├── InvalidIdError            a tenant or session id that could escape its key
+│   └── InvalidMessageError       a malformed message, unknown role, orphan field...
+│       └── MessageTooLargeError  a message over the configured size cap
+├── ConflictError                 an expected sequence number was stale
+├── LeaseError                    the session's lease
+│   ├── LeaseHeldError            another holder kept it for longer than we would wait
+│   └── LeaseLostError            ours expired or was taken over: our write was refused
+├── BudgetExceededError           what must be kept is larger than the token budget
+├── SessionNotFoundError          the session has no messages and no metadata
+├── CorruptEntryError             a stored entry that cannot be decoded
+└── StoreError                    Redis failed in a way the caller cannot fix
+    └── StoreUnavailableError     Redis could not be reached in the time allowed
+```
+
+Redis errors are translated at the store's edge and chained with ``from``; each
+error names the tenant, session and key it is about when there is one.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetExceededError",
+    "ConfigurationError",
+    "ConflictError",
+    "CorruptEntryError",
+    "CtxstoreError",
+    "InvalidIdError",
+    "InvalidInputError",
+    "InvalidMessageError",
+    "LeaseError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "MessageTooLargeError",
+    "SessionNotFoundError",
+    "StoreError",
+    "StoreUnavailableError",
+]
+
+
+class CtxstoreError(Exception):
+    """The root of every error ctxstore raises.
+
+    Attributes:
+        tenant: The tenant the error is about, when known.
+        session: The session the error is about, when known.
+        key: The Redis key the error is about, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tenant: str | None = None,
+        session: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.tenant = tenant
+        self.session = session
+        self.key = key
+        where = [
+            f"{name}={value!r}"
+            for name, value in (("tenant", tenant), ("session", session), ("key", key))
+            if value is not None
+        ]
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+
+
+class ConfigurationError(CtxstoreError):
+    """Settings, or a URL, that cannot work."""
+
+
+class InvalidInputError(CtxstoreError, ValueError):
+    """Input refused before anything was written."""
+
+
+class InvalidIdError(InvalidInputError):
+    """A tenant or session id that is empty, too long, or could escape its key."""
+
+
+class InvalidMessageError(InvalidInputError):
+    """A message that does not fit the message model.
+
+    Attributes:
+        index: The message's position in a batch, when it came in one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        tenant: str | None = None,
+        session: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.index = index
+        prefix = f"message {index}: " if index is not None else ""
+        super().__init__(prefix + message, tenant=tenant, session=session, key=key)
+
+
+class MessageTooLargeError(InvalidMessageError):
+    """A message whose JSON form is larger than the configured cap.
+
+    Attributes:
+        size: The message's size in bytes.
+        limit: The cap in bytes.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        limit: int,
+        *,
+        index: int | None = None,
+        tenant: str | None = None,
+        session: str | None = None,
+    ) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"message is {size} bytes, over the {limit}-byte cap",
+            index=index,
+            tenant=tenant,
+            session=session,
+        )
+
+
+class ConflictError(CtxstoreError):
+    """A conditional write whose expected sequence number was stale.
+
+    Attributes:
+        expected: The sequence number the caller expected.
+        current: The session's sequence number when the write was refused.
+    """
+
+    def __init__(
+        self,
+        expected: int,
+        current: int,
+        *,
+        tenant: str | None = None,
+        session: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.expected = expected
+        self.current = current
+        super().__init__(
+            f"expected sequence number {expected}, the session is at {current}",
+            tenant=tenant,
+            session=session,
+            key=key,
+        )
+
+
+class LeaseError(CtxstoreError):
+    """The session's lease could not be used."""
+
+
+class LeaseHeldError(LeaseError):
+    """Another holder kept the lease for longer than the caller would wait."""
+
+
+class LeaseLostError(LeaseError):
+    """Our lease expired or was taken over; the fenced write was refused."""
+
+
+class BudgetExceededError(CtxstoreError):
+    """What must always be sent (system and pinned messages) exceeds the budget.
+
+    Attributes:
+        budget: The token budget asked for.
+        required: The tokens that cannot be dropped.
+    """
+
+    def __init__(
+        self,
+        budget: int,
+        required: int,
+        *,
+        tenant: str | None = None,
+        session: str | None = None,
+    ) -> None:
+        self.budget = budget
+        self.required = required
+        super().__init__(
+            f"system and pinned messages need {required} tokens, over the budget of {budget}",
+            tenant=tenant,
+            session=session,
+        )
+
+
+class SessionNotFoundError(CtxstoreError):
+    """The session has no messages and no metadata."""
+
+
+class CorruptEntryError(CtxstoreError):
+    """A stored entry that cannot be decoded."""
+
+
+class StoreError(CtxstoreError):
+    """Redis failed in a way the caller cannot fix by changing its input."""
+
+
+class StoreUnavailableError(StoreError):
+    """Redis could not be reached, or did not answer, in the time allowed."""

@@ -1,0 +1,225 @@
+"""Token-owned, fenced leases on a session.
+
+A lease is held by a random token and carries a *fencing number* that grows
+with every acquisition (it lives in the session's meta, so it outlives the
+lease key). Renew and release compare the token in Lua; every write made
+under a lease (replace, clear, summary commits) compares token and fence in
+the same script that writes, so a holder that paused past its expiry and
+lost the lease to someone else is refused, and learns it by
+:class:`~ctxstore.errors.LeaseLostError`.
+
+Time comes from a :class:`Clock`. By default it is the Redis server's clock
+(read inside the scripts, so pods with skewed clocks agree); tests inject a
+:class:`~ctxstore.testing.ManualClock` and need no sleeps.
+
+This is not redis-py's ``Lock``: its token is shared by every task of a
+thread, and a cancelled release can leave it stuck in the versions arq allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import secrets
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+from ctxstore._scripts import SCRIPTS
+from ctxstore.errors import LeaseHeldError, LeaseLostError
+
+if TYPE_CHECKING:
+    from ctxstore._connection import Connection
+    from ctxstore._keys import SessionKeys
+
+__all__ = ["Clock", "Lease", "LeaseKind"]
+
+LeaseKind = Literal["write", "summary"]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """A source of the current time for leases."""
+
+    def now_ms(self) -> int:
+        """The current time, in milliseconds since the epoch."""
+        ...
+
+
+class Lease:
+    """A held lease on one session. Get one from :meth:`ContextStore.lease`.
+
+    Attributes:
+        session: The session it is on.
+        token: The holder's random token.
+        fence: The fencing number of this acquisition.
+        expires_ms: When it expires unless renewed (in the clock's time).
+        kind: ``"write"`` (replace, clear) or ``"summary"`` (a worker).
+    """
+
+    def __init__(
+        self,
+        connection: Connection,
+        keys: SessionKeys,
+        *,
+        session: str,
+        token: str,
+        fence: int,
+        expires_ms: int,
+        ttl_ms: int,
+        kind: LeaseKind,
+        clock: Clock | None,
+    ) -> None:
+        self._connection = connection
+        self._keys = keys
+        self._ttl_ms = ttl_ms
+        self._clock = clock
+        self._lost = False
+        self._released = False
+        self.session = session
+        self.token = token
+        self.fence = fence
+        self.expires_ms = expires_ms
+        self.kind = kind
+
+    @classmethod
+    async def acquire(
+        cls,
+        connection: Connection,
+        keys: SessionKeys,
+        *,
+        session: str,
+        ttl_ms: int,
+        wait_s: float,
+        kind: LeaseKind,
+        clock: Clock | None,
+    ) -> Lease:
+        """Take the lease, waiting up to ``wait_s`` for the current holder.
+
+        A ``"write"`` lease takes over a live ``"summary"`` lease at once: the
+        worker's commit will be refused, which is what a replace wants.
+
+        Raises:
+            LeaseHeldError: Another holder kept it for longer than ``wait_s``.
+        """
+        token = secrets.token_hex(16)
+        preempt = "summary" if kind == "write" else ""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        pause = 0.005
+        while True:
+            reply = await connection.script(
+                SCRIPTS.lease_acquire,
+                (keys.lease, keys.meta),
+                (token, ttl_ms, _now_arg(clock), kind, preempt),
+                session=session,
+            )
+            if int(reply[0]) == 1:
+                return cls(
+                    connection,
+                    keys,
+                    session=session,
+                    token=token,
+                    fence=int(reply[1]),
+                    expires_ms=int(reply[2]),
+                    ttl_ms=ttl_ms,
+                    kind=kind,
+                    clock=clock,
+                )
+            left = deadline - loop.time()
+            if left <= 0:
+                holder = reply[1].decode() if isinstance(reply[1], bytes) else reply[1]
+                raise LeaseHeldError(
+                    f"the lease is held by a {holder} holder", session=session, key=keys.lease
+                )
+            await asyncio.sleep(min(left, random.uniform(0, pause)))
+            pause = min(pause * 2, 0.25)
+
+    @property
+    def lost(self) -> bool:
+        """True once a renew or a fenced write found the lease gone."""
+        return self._lost
+
+    def now_arg(self) -> int | str:
+        """The time argument scripts take: the injected clock's, or ``''`` for the server's."""
+        return _now_arg(self._clock)
+
+    def mark_lost(self) -> LeaseLostError:
+        """Record that the lease is gone; return the error to raise."""
+        self._lost = True
+        return LeaseLostError(
+            f"lease (fence {self.fence}) expired or was taken over",
+            session=self.session,
+            key=self._keys.lease,
+        )
+
+    async def renew(self) -> None:
+        """Extend the lease by its time to live.
+
+        Raises:
+            LeaseLostError: It expired or another holder has it now.
+        """
+        if self._lost or self._released:
+            raise self.mark_lost()
+        reply = await self._connection.script(
+            SCRIPTS.lease_renew,
+            (self._keys.lease,),
+            (self.token, self.fence, self._ttl_ms, self.now_arg()),
+            session=self.session,
+        )
+        if int(reply[0]) != 1:
+            raise self.mark_lost()
+        self.expires_ms = int(reply[1])
+
+    async def release(self) -> bool:
+        """Give the lease back; False if it was no longer ours (nothing is deleted then)."""
+        if self._released:
+            return False
+        self._released = True
+        released = await self._connection.script(
+            SCRIPTS.lease_release, (self._keys.lease,), (self.token,), session=self.session
+        )
+        return int(released) == 1
+
+    def consumed(self) -> None:
+        """Record that a fenced write released the lease in its own script."""
+        self._released = True
+
+    @contextlib.asynccontextmanager
+    async def kept_alive(self, every_s: float | None = None) -> AsyncIterator[Lease]:
+        """Renew the lease in the background while the block runs.
+
+        If a renewal finds the lease lost, the task stops and :attr:`lost`
+        becomes True; the next fenced write raises LeaseLostError.
+
+        Args:
+            every_s: Seconds between renewals; a third of the TTL by default.
+        """
+        interval = every_s if every_s is not None else self._ttl_ms / 3000
+
+        async def renew_forever() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self.renew()
+                except LeaseLostError:
+                    return
+
+        task = asyncio.create_task(renew_forever())
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self._released:
+            await self.release()
+
+
+def _now_arg(clock: Clock | None) -> int | str:
+    return clock.now_ms() if clock is not None else ""

@@ -1,0 +1,104 @@
+-- append: add messages to a session, in one step, without a lock.
+--
+-- KEYS[1] log    stream, one entry per message
+-- KEYS[2] meta   hash: epoch, seq, count, tokens, first/last id, watermark...
+-- KEYS[3] idem   hash: idempotency key -> "entry-id seq epoch" (current generation)
+-- KEYS[4] idem_old  the previous generation of idem
+-- KEYS[5] keep   hash: entry id -> kind, for the messages every view sends
+-- KEYS[6] view   the cached summary (only its TTL is touched here)
+-- ARGV[1] expected seq, or '' to append unconditionally
+-- ARGV[2] default TTL in ms, or '' (a TTL set on the session wins)
+-- ARGV[3] idempotency window: keys per generation
+-- ARGV[4] summary threshold: tokens past the watermark that make a summary due (0: never)
+-- ARGV[5] n, the number of messages; then 6 per message:
+--         data, tokens, idempotency key, kind ('s', 'p' or ''), preview ('' or JSON), preview tokens
+--
+-- Races it closes: a retry of an append that Redis applied before the
+-- connection broke is answered with the original entry (the idempotency
+-- key), not written twice; an append-if whose expected seq is stale is
+-- refused before anything is written; counters and stream change together,
+-- so meta always matches the stream. Redis orders concurrent appends: no lock.
+--
+-- Returns {'ok', due_generation, (entry id, seq, epoch, duplicate 0/1) per message}
+--      or {'conflict', current seq}.
+
+local meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
+                        'wm_tokens', 'sq', 'first_id')
+local seq = tonumber(meta[1]) or 0
+local epoch = tonumber(meta[2]) or 0
+local count = tonumber(meta[3]) or 0
+local tokens = tonumber(meta[4]) or 0
+local idem_n = tonumber(meta[6]) or 0
+local n = tonumber(ARGV[5])
+
+local seen = {}
+local fresh = 0
+for i = 1, n do
+  local key = ARGV[5 + (i - 1) * 6 + 3]
+  local prev = redis.call('HGET', KEYS[3], key)
+  if not prev then prev = redis.call('HGET', KEYS[4], key) end
+  seen[i] = prev
+  if not prev then fresh = fresh + 1 end
+end
+
+if fresh > 0 and ARGV[1] ~= '' and tonumber(ARGV[1]) ~= seq then
+  return {'conflict', seq}
+end
+
+local window = tonumber(ARGV[3])
+local out = {'ok', 0}
+local first_id = meta[9]
+local last_id = nil
+for i = 1, n do
+  local base = 5 + (i - 1) * 6
+  if seen[i] then
+    local id, s, e = string.match(seen[i], '^(%S+) (%d+) (%d+)$')
+    table.insert(out, id)
+    table.insert(out, tonumber(s))
+    table.insert(out, tonumber(e))
+    table.insert(out, 1)
+  else
+    local t = tonumber(ARGV[base + 2])
+    local id
+    if ARGV[base + 5] ~= '' then
+      id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[base + 1], 't', t,
+                      'v', ARGV[base + 5], 'vt', ARGV[base + 6])
+    else
+      id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[base + 1], 't', t)
+    end
+    seq = seq + 1
+    count = count + 1
+    tokens = tokens + t
+    if not first_id or first_id == '' then first_id = id end
+    last_id = id
+    if idem_n >= window then
+      -- Rotate: keep between one and two windows of keys, in O(1).
+      if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('RENAME', KEYS[3], KEYS[4]) end
+      idem_n = 0
+    end
+    redis.call('HSET', KEYS[3], ARGV[base + 3], id .. ' ' .. seq .. ' ' .. epoch)
+    idem_n = idem_n + 1
+    if ARGV[base + 4] ~= '' then redis.call('HSET', KEYS[5], id, ARGV[base + 4]) end
+    table.insert(out, id)
+    table.insert(out, seq)
+    table.insert(out, epoch)
+    table.insert(out, 0)
+  end
+end
+
+if fresh == 0 then return out end
+
+redis.call('HSET', KEYS[2], 'seq', seq, 'epoch', epoch, 'count', count, 'tokens', tokens,
+           'idem_n', idem_n, 'first_id', first_id, 'last_id', last_id)
+
+local threshold = tonumber(ARGV[4])
+if threshold > 0 and meta[8] ~= '1' and tokens - (tonumber(meta[7]) or 0) >= threshold then
+  redis.call('HSET', KEYS[2], 'sq', '1')
+  out[2] = redis.call('HINCRBY', KEYS[2], 'sgen', 1)
+end
+
+local ttl = tonumber(meta[5]) or tonumber(ARGV[2])
+if ttl and ttl > 0 then
+  for k = 1, 6 do redis.call('PEXPIRE', KEYS[k], ttl) end
+end
+return out

