@@ -2,7 +2,7 @@
 
 ```
 CtxstoreError                     root: catch this to catch everything ctxstore raises
-├── ConfigurationError            settings or a URL that cannot work
+├── ConfigurationError (ValueError) settings or a URL that cannot work
 ├── InvalidInputError (ValueError) bad input refused before anything is written
 │   ├── InvalidIdError            a tenant or session id that could escape its key
 │   └── InvalidMessageError       a malformed message, unknown role, orphan field...
@@ -71,7 +71,7 @@ class CtxstoreError(Exception):
         super().__init__(f"{message} ({', '.join(where)})" if where else message)
 
 
-class ConfigurationError(CtxstoreError):
+class ConfigurationError(CtxstoreError, ValueError):
     """Settings, or a URL, that cannot work."""
 
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import secrets
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from ctxstore._scripts import SCRIPTS
-from ctxstore.errors import LeaseHeldError, LeaseLostError
+from ctxstore.errors import CtxstoreError, LeaseHeldError, LeaseLostError
 
 if TYPE_CHECKING:
     from ctxstore._connection import Connection
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["Clock", "Lease", "LeaseKind"]
 
 LeaseKind = Literal["write", "summary"]
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -204,6 +207,9 @@ class Lease:
                     await self.renew()
                 except LeaseLostError:
                     return
+                except CtxstoreError as exc:
+                    # Redis unreachable for now: the lease may still be ours; try again.
+                    log.warning("lease renewal failed: %s", exc)
 
         task = asyncio.create_task(renew_forever())
         try:

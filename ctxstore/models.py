@@ -178,7 +178,7 @@ class Message(BaseModel):
         blocks = self.content if isinstance(self.content, list) else []
         uses = [b for b in blocks if isinstance(b, ToolUseBlock)]
         results = [b for b in blocks if isinstance(b, ToolResultBlock)]
-        if self.tool_calls and self.role != "assistant":
+        if self.tool_calls is not None and self.role != "assistant":
             raise ValueError(f"tool_calls are only allowed on assistant messages, not {self.role}")
         if uses and self.role != "assistant":
             raise ValueError(
@@ -412,6 +412,8 @@ class ViewStats:
             budget (then only those are returned).
         compacted: True when anything was dropped, summarized or offloaded.
         epoch: The epoch the view was read in.
+        entries_read: Stream entries the script read: it follows the budget,
+            not the history's length.
     """
 
     budget: int
@@ -429,6 +431,7 @@ class ViewStats:
     over_budget: bool = False
     compacted: bool = False
     epoch: int = 0
+    entries_read: int = 0
 
 
 @dataclass(slots=True)

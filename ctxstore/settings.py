@@ -85,8 +85,8 @@ class Settings(BaseSettings):
     idempotency_window: PositiveInt = 10_000
     history_page_size: Annotated[int, Field(gt=0, le=10_000)] = 1_000
     view_chunk: Annotated[int, Field(gt=0, le=10_000)] = 64
-    offload_threshold_tokens: Annotated[int, Field(ge=0)] = 4_000
-    offload_preview_tokens: PositiveInt = 1_000
+    offload_threshold_tokens: Annotated[int, Field(ge=0)] = 2_500
+    offload_preview_tokens: PositiveInt = 500
 
     @field_validator("key_prefix")
     @classmethod

@@ -431,6 +431,7 @@ class ContextStore:
             repairs=plan.repairs,
             over_budget=plan.over_budget,
             epoch=int(meta[0] or 0),
+            entries_read=len(protected_raw) + len(tail_raw),
         )
         stats.compacted = bool(stats.dropped or stats.offloaded or stats.summary_used)
         return RequestView(plan.messages, stats)
@@ -780,7 +781,9 @@ def _pairs(flat: Iterable[Any]) -> dict[str, str]:
     return dict(zip(items[::2], items[1::2], strict=True))
 
 
-def _pairs_bytes(flat: list[Any]) -> dict[bytes, bytes]:
+def _pairs_bytes(flat: list[Any] | dict[bytes, bytes]) -> dict[bytes, bytes]:
+    if isinstance(flat, dict):  # redis-py parses XRANGE replies (not script replies)
+        return flat
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 

@@ -6,8 +6,10 @@ from typing import Any
 
 
 def conversation(turns: int, *, tool_every: int = 3, parallel: int = 2) -> list[dict[str, Any]]:
-    """A tool-using conversation: a system prompt, then user/assistant turns,
-    every ``tool_every``-th turn answered through ``parallel`` tool calls."""
+    """A tool-using conversation: a system prompt, then user/assistant turns.
+
+    Every ``tool_every``-th turn goes through ``parallel`` tool calls.
+    """
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful agent."}]
     for turn in range(turns):
         messages.append({"role": "user", "content": f"step {turn}: inspect the repository"})

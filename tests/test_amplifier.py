@@ -1,0 +1,222 @@
+"""The Amplifier adapter: amplifier-core's own contract tests, events, resume."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from amplifier_core.testing import MockCoordinator
+from amplifier_core.validation.behavioral import ContextBehaviorTests
+from conftest import RUN_PREFIX
+from helpers import conversation
+
+import ctxstore.amplifier
+from ctxstore import BudgetExceededError, ConfigurationError, ContextStore, Settings
+from ctxstore.amplifier import StoreContextManager, mount
+from ctxstore.policies import call_ids, result_ids
+
+ADAPTER = Path(ctxstore.amplifier.__file__)
+
+
+@pytest.fixture(autouse=True)
+def _store_env(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    """mount() reads settings from the environment: point it at the test Redis."""
+    monkeypatch.setenv("CTXSTORE_REDIS_URL", redis_url)
+    monkeypatch.setenv("CTXSTORE_KEY_PREFIX", RUN_PREFIX)
+
+
+class TestContextBehavior(ContextBehaviorTests):
+    """amplifier-core's behavioral contract tests, run against the adapter."""
+
+    @pytest.fixture
+    def module_path(self) -> Path:
+        """The adapter module, for the plugin's context_module fixture."""
+        return ADAPTER
+
+
+class Recorder:
+    """Hooks that record what is emitted."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    async def emit(self, event: str, data: dict[str, Any]) -> None:
+        self.events.append((event, data))
+
+
+@pytest.fixture
+def manager(store: ContextStore) -> tuple[StoreContextManager, Recorder]:
+    """An adapter over a fresh session, with recorded hooks."""
+    hooks = Recorder()
+    return StoreContextManager(store, "conv", max_tokens=400, hooks=hooks), hooks
+
+
+async def test_compaction_emits_pre_and_post_events(
+    manager: tuple[StoreContextManager, Recorder],
+) -> None:
+    """A view that drops messages emits pre_compact and post_compact with counts."""
+    context, hooks = manager
+    for message in conversation(25):
+        await context.add_message(message)
+    messages = await context.get_messages_for_request()
+    names = [name for name, _ in hooks.events]
+    assert names == ["context:pre_compact", "context:post_compact"]
+    pre, post = hooks.events[0][1], hooks.events[1][1]
+    assert pre["message_count"] == len(await context.get_messages())
+    assert post["message_count"] == len(messages) < pre["message_count"]
+    assert post["token_count"] <= 400 * context.compaction_threshold < pre["token_count"]
+
+
+async def test_no_events_when_everything_fits(
+    manager: tuple[StoreContextManager, Recorder],
+) -> None:
+    """A history within the threshold is returned whole, with no compaction events."""
+    context, hooks = manager
+    await context.add_message({"role": "user", "content": "hi"})
+    assert await context.get_messages_for_request() == [{"role": "user", "content": "hi"}]
+    assert hooks.events == []
+
+
+async def test_compaction_preserves_tool_pairs(
+    manager: tuple[StoreContextManager, Recorder],
+) -> None:
+    """Seed 000's tool-pair test: no orphan results, no unanswered calls."""
+    context, _ = manager
+    await context.add_message({"role": "user", "content": "Read file.txt"})
+    await context.add_message(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_123",
+                    "type": "function",
+                    "function": {"name": "read", "arguments": "{}"},
+                }
+            ],
+        }
+    )
+    await context.add_message(
+        {"role": "tool", "tool_call_id": "call_123", "content": "File contents..."}
+    )
+    for i in range(50):
+        await context.add_message({"role": "user", "content": f"Message {i}"})
+    for budget in (30, 60, 200, 1000):
+        messages = await context.get_messages_for_request(token_budget=budget)
+        assert {r for m in messages for r in result_ids(m)} == {
+            c for m in messages for c in call_ids(m)
+        }
+
+
+async def test_set_messages_and_clear(manager: tuple[StoreContextManager, Recorder]) -> None:
+    """set_messages replaces the history (resume) and clear empties it."""
+    context, _ = manager
+    saved = [
+        {"role": "user", "content": "Previous conversation"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    await context.add_message({"role": "user", "content": "will be replaced"})
+    await context.set_messages(saved)
+    assert await context.get_messages() == saved
+    await context.clear()
+    assert await context.get_messages() == []
+
+
+async def test_over_budget_floor_raises(manager: tuple[StoreContextManager, Recorder]) -> None:
+    """When system messages alone exceed the budget, the adapter raises, never loops."""
+    context, _ = manager
+    await context.add_message({"role": "system", "content": "rule " * 600})
+    with pytest.raises(BudgetExceededError) as caught:
+        await context.get_messages_for_request()
+    assert caught.value.required > caught.value.budget
+
+
+async def test_mount_with_empty_config_works() -> None:
+    """mount() with {} mounts a working manager on a new session and returns a cleanup."""
+    coordinator = MockCoordinator()
+    cleanup = await mount(coordinator, {})
+    context = coordinator.mount_points["context"]
+    try:
+        await context.add_message({"role": "user", "content": "hi"})
+        assert await context.get_messages_for_request() == [{"role": "user", "content": "hi"}]
+        other = MockCoordinator()
+        other_cleanup = await mount(other, {})
+        assert other.mount_points["context"].session_id != context.session_id
+        await other_cleanup()
+    finally:
+        await cleanup()
+
+
+async def test_pods_share_a_session_by_id(tenant: str) -> None:
+    """Two mounts with the same session_id see one history (two pods, one conversation)."""
+    config = {"tenant": tenant, "session_id": "shared-conv"}
+    pod_a, pod_b = MockCoordinator(), MockCoordinator()
+    cleanup_a = await mount(pod_a, config)
+    cleanup_b = await mount(pod_b, config)
+    try:
+        await pod_a.mount_points["context"].add_message({"role": "user", "content": "from a"})
+        await pod_b.mount_points["context"].add_message({"role": "assistant", "content": "from b"})
+        assert [m["content"] for m in await pod_a.mount_points["context"].get_messages()] == [
+            "from a",
+            "from b",
+        ]
+    finally:
+        await cleanup_a()
+        await cleanup_b()
+
+
+async def test_resume_keeps_the_stored_history(tenant: str) -> None:
+    """Mounting an existing session ignores the host's first (filtered) set_messages."""
+    config = {"tenant": tenant, "session_id": "resumed"}
+    first = MockCoordinator()
+    cleanup = await mount(first, config)
+    full = [{"role": "system", "content": "rules"}, {"role": "user", "content": "q"}]
+    for message in full:
+        await first.mount_points["context"].add_message(message)
+    await cleanup()
+    again = MockCoordinator()
+    cleanup = await mount(again, config)
+    try:
+        context = again.mount_points["context"]
+        await context.set_messages([{"role": "user", "content": "q"}])  # no system message
+        assert await context.get_messages() == full
+        await context.set_messages([{"role": "user", "content": "second call applies"}])
+        assert await context.get_messages() == [{"role": "user", "content": "second call applies"}]
+    finally:
+        await cleanup()
+
+
+async def test_bad_config_is_a_configuration_error() -> None:
+    """A config naming an invalid tenant is refused with ConfigurationError."""
+    with pytest.raises(ConfigurationError):
+        await mount(MockCoordinator(), {"tenant": "bad}tenant"})
+
+
+def test_entry_point_is_registered() -> None:
+    """The package registers mount() as amplifier.modules:context-ctxstore."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group="amplifier.modules", name="context-ctxstore")
+    assert [ep.load() for ep in found] == [mount]
+
+
+def test_amplifier_core_validate_passes(redis_url: str) -> None:
+    """`amplifier-core validate context` passes against the adapter."""
+    cli = Path(sys.executable).with_name("amplifier-core")
+    done = subprocess.run(
+        [str(cli), "validate", "context", str(ADAPTER)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASSED" in done.stdout
+
+
+def test_settings_keys_exist() -> None:
+    """Every config key the adapter maps to settings is a Settings field."""
+    assert set(ctxstore.amplifier._SETTINGS_KEYS) <= set(Settings.model_fields)

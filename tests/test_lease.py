@@ -1,0 +1,165 @@
+"""Fenced, token-owned leases, with an injected clock: no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from redis.asyncio import Redis
+
+from ctxstore import ContextStore, LeaseHeldError, LeaseLostError, Settings
+from ctxstore.testing import ManualClock
+
+USER = {"role": "user", "content": "hello"}
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock the test moves by hand."""
+    return ManualClock()
+
+
+@pytest.fixture
+async def timed(settings: Settings, tenant: str, clock: ManualClock) -> AsyncIterator[ContextStore]:
+    """A store whose leases use the manual clock."""
+    async with ContextStore.from_settings(settings, tenant=tenant, clock=clock) as store:
+        yield store
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Yield to the loop until ``condition`` holds (at most 5 s)."""
+    async with asyncio.timeout(5):
+        # Yields to the renewal task; the condition is what is waited on, not time.
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0)
+
+
+async def test_fence_grows_with_every_acquisition(timed: ContextStore) -> None:
+    """Each acquisition gets a larger fencing number, even after release."""
+    fences = []
+    for _ in range(3):
+        lease = await timed.lease("s", wait_s=0)
+        fences.append(lease.fence)
+        assert await lease.release()
+    assert fences == sorted(fences) and len(set(fences)) == 3
+
+
+async def test_a_held_lease_is_not_given_twice(timed: ContextStore) -> None:
+    """While one holder has it, another gets LeaseHeldError after its wait."""
+    first = await timed.lease("s", wait_s=0)
+    with pytest.raises(LeaseHeldError):
+        await timed.lease("s", wait_s=0)
+    await first.release()
+    second = await timed.lease("s", wait_s=0)
+    assert second.fence > first.fence
+
+
+async def test_waiting_taker_gets_the_lease_when_it_is_released(timed: ContextStore) -> None:
+    """A taker that waits gets the lease as soon as the holder releases it."""
+    first = await timed.lease("s", wait_s=0)
+    waiting = asyncio.create_task(timed.lease("s", wait_s=5))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await first.release()
+    second = await asyncio.wait_for(waiting, 5)
+    assert second.fence == first.fence + 1
+
+
+async def test_expired_holder_cannot_renew_or_release_the_successors_lease(
+    timed: ContextStore, clock: ManualClock, raw_redis: Redis
+) -> None:
+    """After expiry and takeover, the old holder's renew raises and its release deletes nothing."""
+    old = await timed.lease("s", ttl_s=10, wait_s=0)
+    clock.advance(11)
+    new = await timed.lease("s", ttl_s=10, wait_s=0)
+    assert new.fence > old.fence
+    with pytest.raises(LeaseLostError):
+        await old.renew()
+    assert old.lost
+    assert not await old.release()
+    assert await raw_redis.hget(timed.keys("s").lease, "token") == new.token.encode()
+
+
+async def test_write_by_an_expired_holder_is_refused_at_commit(
+    timed: ContextStore, clock: ManualClock
+) -> None:
+    """A replace under a lease that expired (and was taken) is refused; nothing is written."""
+    await timed.append("s", USER)
+    old = await timed.lease("s", ttl_s=10, wait_s=0)
+    clock.advance(11)
+    new = await timed.lease("s", ttl_s=10, wait_s=0)
+    with pytest.raises(LeaseLostError):
+        await timed.replace("s", [], lease=old)
+    assert await timed.get_messages("s") == [USER]
+    result = await timed.replace("s", [], lease=new)
+    assert result.count == 0
+
+
+async def test_write_after_expiry_is_refused_even_without_a_successor(
+    timed: ContextStore, clock: ManualClock
+) -> None:
+    """An expired lease cannot write even if nobody took it since."""
+    await timed.append("s", USER)
+    lease = await timed.lease("s", ttl_s=10, wait_s=0)
+    clock.advance(10.001)
+    with pytest.raises(LeaseLostError):
+        await timed.clear("s", lease=lease)
+    assert await timed.get_messages("s") == [USER]
+
+
+async def test_renew_extends_the_expiry(timed: ContextStore, clock: ManualClock) -> None:
+    """Renewing before expiry moves the expiry forward by the TTL."""
+    lease = await timed.lease("s", ttl_s=10, wait_s=0)
+    clock.advance(8)
+    await lease.renew()
+    clock.advance(8)  # 16 s after acquisition: alive only because it was renewed
+    result = await timed.clear("s", lease=lease)
+    assert result.epoch == 1
+
+
+async def test_writer_takes_over_a_summary_lease(timed: ContextStore) -> None:
+    """A write lease preempts a live summary lease, whose holder then loses it."""
+    worker = await timed.lease("s", kind="summary", wait_s=0)
+    writer = await timed.lease("s", kind="write", wait_s=0)
+    assert writer.fence > worker.fence
+    with pytest.raises(LeaseLostError):
+        await worker.renew()
+
+
+async def test_summary_lease_does_not_take_over_a_writer(timed: ContextStore) -> None:
+    """A summary worker waits for a writer; it never preempts one."""
+    await timed.lease("s", kind="write", wait_s=0)
+    with pytest.raises(LeaseHeldError):
+        await timed.lease("s", kind="summary", wait_s=0)
+
+
+async def test_kept_alive_renews_in_the_background(timed: ContextStore, clock: ManualClock) -> None:
+    """kept_alive renews the lease while the block runs."""
+    lease = await timed.lease("s", ttl_s=10, wait_s=0)
+    first_expiry = lease.expires_ms
+    clock.advance(5)
+    async with lease.kept_alive(every_s=0.001):
+        await until(lambda: lease.expires_ms > first_expiry)
+    assert lease.expires_ms == clock.now_ms() + 10_000
+
+
+async def test_kept_alive_marks_the_lease_lost(timed: ContextStore, clock: ManualClock) -> None:
+    """When a renewal finds the lease taken, kept_alive stops and the lease is lost."""
+    lease = await timed.lease("s", ttl_s=10, wait_s=0)
+    async with lease.kept_alive(every_s=0.001):
+        clock.advance(11)
+        await timed.lease("s", ttl_s=10, wait_s=0)
+        await until(lambda: lease.lost)
+    with pytest.raises(LeaseLostError):
+        await timed.clear("s", lease=lease)
+
+
+async def test_server_clock_is_used_by_default(store: ContextStore) -> None:
+    """Without an injected clock, leases expire by the Redis server's time."""
+    lease = await store.lease("s", ttl_s=30, wait_s=0)
+    now_ms = (await store._connection.client.time())[0] * 1000
+    assert now_ms + 25_000 < lease.expires_ms <= now_ms + 31_000
+    async with lease:
+        pass
+    assert (await store.lease("s", wait_s=0)).fence == lease.fence + 1
