@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     session_ttl_seconds: PositiveInt | None = None
     connect_timeout: PositiveFloat = 2.0
     operation_timeout: PositiveFloat = 5.0
-    retry_attempts: Annotated[int, Field(ge=0, le=20)] = 3
+    retry_attempts: Annotated[int, Field(ge=0, le=100)] = 3
     retry_base_delay: PositiveFloat = 0.05
     retry_max_delay: PositiveFloat = 1.0
     lease_ttl_seconds: PositiveFloat = 30.0

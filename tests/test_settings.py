@@ -33,7 +33,7 @@ def test_from_url() -> None:
         ("default_token_budget", 0),
         ("max_message_bytes", -1),
         ("token_safety_factors", {"claude": 0.5}),
-        ("retry_attempts", 100),
+        ("retry_attempts", 1000),
     ],
 )
 def test_invalid_settings_are_refused(field: str, value: object) -> None:

@@ -1,0 +1,339 @@
+"""Many pods, one session: concurrency and faults, proven on real Redis.
+
+Writers are separate processes (spawned), as pods are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import procs
+import pytest
+from chaos import DroppingProxy
+from conftest import RUN_PREFIX
+from redis.asyncio import Redis
+
+from ctxstore import ContextStore, Settings, StoreUnavailableError
+from ctxstore.embedded import redis_server_binary
+from ctxstore.policies import entry_order
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def collect(queue: Any, processes: list[Any], timeout: float = 120) -> dict[Any, Any]:
+    """Start the processes, gather one report from each, and join them."""
+    for process in processes:
+        process.start()
+    reports = dict(queue.get(timeout=timeout) for _ in processes)
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    return reports
+
+
+async def test_concurrent_writers_lose_nothing_double_nothing_keep_order(
+    store: ContextStore, redis_url: str, tenant: str
+) -> None:
+    """8 processes x 300 appends to one session, 8 over 100 sessions: 0 lost/doubled/reordered."""
+    queue = SPAWN.Queue()
+    many = [f"s{i:03d}" for i in range(100)]
+    processes = [
+        SPAWN.Process(
+            target=procs.writer, args=(redis_url, RUN_PREFIX, tenant, w, ["one"], 300, queue)
+        )
+        for w in range(8)
+    ] + [
+        SPAWN.Process(
+            target=procs.writer, args=(redis_url, RUN_PREFIX, tenant, w, many, 300, queue)
+        )
+        for w in range(8, 16)
+    ]
+    reports = collect(queue, processes)
+
+    lost = doubled = out_of_order = 0
+    for session in ["one", *many]:
+        stored = [s async for s in store.iter_history(session)]
+        seen = Counter(
+            (json.loads(s.message["content"])["w"], json.loads(s.message["content"])["i"])
+            for s in stored
+        )
+        doubled += sum(n - 1 for n in seen.values() if n > 1)
+        acked = {
+            (w, i): entry
+            for w, acks in reports.items()
+            for (s, entry, _, i) in acks
+            if s == session
+        }
+        lost += sum(1 for key in acked if key not in seen)
+        ids = {
+            (
+                json.loads(s.message["content"])["w"],
+                json.loads(s.message["content"])["i"],
+            ): s.entry_id
+            for s in stored
+        }
+        # Each writer's own order is kept, and the ids the writers were given are the stored ones.
+        for w in reports:
+            mine = sorted((i, ids[(w, i)]) for (ww, i) in ids if ww == w)
+            out_of_order += sum(
+                1 for (_, a), (_, b) in itertools.pairwise(mine) if entry_order(a) >= entry_order(b)
+            )
+        assert all(ids[key] == entry for key, entry in acked.items())
+        info = await store.info(session)
+        assert info.count == len(stored)
+    assert (lost, doubled, out_of_order) == (0, 0, 0)
+    assert (await store.info("one")).count == 8 * 300
+    assert sum([(await store.info(s)).count for s in many]) == 8 * 300
+
+
+async def test_appends_through_a_dropping_connection_are_not_doubled(
+    redis_url: str, tenant: str, settings: Settings
+) -> None:
+    """Replies cut after Redis applied the append: retries reuse the key; no doubles, no loss."""
+    client = Redis.from_url(redis_url)
+    kwargs = client.connection_pool.connection_kwargs
+    await client.aclose()
+    proxy = DroppingProxy(kwargs, drop_rate=0.3, seed=11)
+    port = await proxy.start()
+    flaky = settings.model_copy(
+        update={
+            "redis_url": f"redis://127.0.0.1:{port}/{kwargs.get('db', 0)}",
+            "retry_attempts": 20,
+            "retry_base_delay": 0.001,
+            "retry_max_delay": 0.01,
+        }
+    )
+    try:
+        async with ContextStore.from_settings(flaky, tenant=tenant) as store:
+            acks = []
+            for i in range(300):
+                result = await store.append("flaky", {"role": "user", "content": f"m{i}"})
+                acks.append(result)
+            batches = [
+                await store.append_many(
+                    "flaky", [{"role": "user", "content": f"b{i}-{k}"} for k in range(3)]
+                )
+                for i in range(50)
+            ]
+    finally:
+        await proxy.stop()
+    assert proxy.dropped > 50  # the failure really happened, many times
+    async with ContextStore.from_settings(settings, tenant=tenant) as direct:
+        stored = await direct.get_messages("flaky")
+    expected = [f"m{i}" for i in range(300)] + [f"b{i}-{k}" for i in range(50) for k in range(3)]
+    assert [m["content"] for m in stored] == expected
+    assert len({a.entry_id for a in acks}) == 300
+    assert sum(a.duplicate for a in acks) > 0 or sum(r.duplicate for b in batches for r in b) > 0
+
+
+async def test_replace_if_race_has_exactly_one_winner_per_round(
+    store: ContextStore, redis_url: str, tenant: str
+) -> None:
+    """Two processes racing replace-if on the same seq: exactly one wins each round."""
+    await store.append("race", {"role": "user", "content": "start"})
+    queue = SPAWN.Queue()
+    barrier = SPAWN.Barrier(2)
+    rounds = 25
+    processes = [
+        SPAWN.Process(
+            target=procs.racer, args=(redis_url, RUN_PREFIX, tenant, r, rounds, barrier, queue)
+        )
+        for r in range(2)
+    ]
+    reports = collect(queue, processes)
+    for round_no in range(rounds):
+        outcomes = sorted(reports[r][round_no] for r in range(2))
+        assert outcomes == ["conflict", "win"], round_no
+    info = await store.info("race")
+    assert info.epoch == rounds
+
+
+async def test_rewrites_racing_appends_account_for_every_acknowledged_append(
+    store: ContextStore, redis_url: str, tenant: str
+) -> None:
+    """Every acked append racing rewrites is in the final history or counted as superseded.
+
+    Replaces and clears race four appending processes; each acknowledged append
+    is either in the final history or counted by the rewrite that followed it.
+    """
+    queue = SPAWN.Queue()
+    processes = [
+        SPAWN.Process(
+            target=procs.writer, args=(redis_url, RUN_PREFIX, tenant, w, ["busy"], 400, queue)
+        )
+        for w in range(4)
+    ] + [SPAWN.Process(target=procs.rewriter, args=(redis_url, RUN_PREFIX, tenant, 30, queue))]
+    reports = collect(queue, processes)
+    rewrites = reports.pop("rewriter")
+    info = await store.info("busy")
+    final = await store.get_messages("busy")
+    acked_by_epoch = Counter(epoch for acks in reports.values() for (_, _, epoch, _) in acks)
+    # The rewrite that created epoch e+1 superseded: what epoch e's rewrite wrote, plus
+    # every append acknowledged in epoch e.
+    written_by = {0: 0} | {epoch: count for epoch, _, count in rewrites}
+    superseded_by = {epoch: superseded for epoch, superseded, _ in rewrites}
+    for epoch in range(info.epoch):
+        assert superseded_by[epoch + 1] == written_by[epoch] + acked_by_epoch[epoch], epoch
+    present = {m["content"] for m in final if m["role"] == "user"}
+    for writer_id, acks in reports.items():
+        for _, _, epoch, i in acks:
+            if epoch == info.epoch:
+                assert json.dumps({"w": writer_id, "i": i}) in present
+    assert len(final) == written_by[info.epoch] + acked_by_epoch[info.epoch]
+
+
+async def test_writer_killed_mid_stream_leaves_counters_consistent(
+    store: ContextStore, redis_url: str, tenant: str, raw_redis: Redis
+) -> None:
+    """SIGKILL a writer mid-loop: meta's count and tokens still equal the stream's."""
+    process = SPAWN.Process(
+        target=procs.endless_writer, args=(redis_url, RUN_PREFIX, tenant, "killed")
+    )
+    process.start()
+    keys = store.keys("killed")
+    async with asyncio.timeout(60):
+        while await raw_redis.xlen(keys.log) < 500:  # noqa: ASYNC110 - waits on a condition
+            await asyncio.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(timeout=10)
+    assert process.exitcode == -signal.SIGKILL
+    entries = await raw_redis.xrange(keys.log)
+    info = await store.info("killed")
+    assert info.count == len(entries) >= 500
+    assert info.tokens == sum(int(f[b"t"]) for _, f in entries)
+    assert info.count % 5 == 0  # batches are all-or-nothing
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RestartableRedis:
+    """A redis-server on a loopback port with AOF (appendfsync always) in a temp dir."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.dir = tempfile.mkdtemp(prefix="ctxstore-restart-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                self.dir,
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.01)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def cleanup(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def restartable() -> Iterator[RestartableRedis]:
+    """A Redis of this test's own, which it may kill and restart."""
+    server = RestartableRedis()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+async def test_restarted_redis_keeps_acknowledged_appends_and_sdk_reconnects(
+    restartable: RestartableRedis, tenant: str
+) -> None:
+    """SIGKILL Redis mid write loop and restart it: every acked append survives, writes resume."""
+    settings = Settings(
+        redis_url=f"redis://127.0.0.1:{restartable.port}/0",
+        retry_attempts=40,
+        retry_base_delay=0.01,
+        retry_max_delay=0.1,
+        connect_timeout=0.5,
+    )
+    acked: dict[str, str] = {}
+
+    async def write(store: ContextStore, writer: int) -> None:
+        for i in range(100):
+            content = f"w{writer}-{i}"
+            acked[content] = (
+                await store.append("durable", {"role": "user", "content": content})
+            ).entry_id
+
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        writers = [asyncio.create_task(write(store, w)) for w in range(4)]
+        async with asyncio.timeout(30):
+            while len(acked) < 150:  # noqa: ASYNC110 - waits on a condition
+                await asyncio.sleep(0.001)
+        restartable.kill()  # appends are in flight: some applied, their replies lost
+        killed_at = len(acked)
+        restart = asyncio.get_running_loop().call_later(0.3, restartable.start)
+        await asyncio.gather(*writers)
+        restart.cancel()
+        stored = [(s.message["content"], s.entry_id) async for s in store.iter_history("durable")]
+    assert killed_at < 400
+    assert len(stored) == 400
+    assert dict(stored) == acked  # every acked append survived, none doubled
+
+
+async def test_redis_down_gives_a_typed_error_within_bounded_time(
+    restartable: RestartableRedis, tenant: str
+) -> None:
+    """With the server gone, an append fails with StoreUnavailableError in bounded time, no hang."""
+    settings = Settings(
+        redis_url=f"redis://127.0.0.1:{restartable.port}/0",
+        retry_attempts=3,
+        retry_base_delay=0.05,
+        connect_timeout=0.5,
+        operation_timeout=1.0,
+    )
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        await store.append("s", {"role": "user", "content": "before"})
+        restartable.kill()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError):
+            await store.view("s", token_budget=100)
+        assert time.monotonic() - started < 5
