@@ -31,6 +31,13 @@ check: lint typecheck test
 bench: $(STAMP)
 	$(BIN)/python -m bench.bench
 
+stress: $(STAMP)
+	$(BIN)/python -m bench.stress
+
+soak: $(STAMP)
+	$(BIN)/python -m bench.stress --total 200000
+	$(BIN)/pytest -q -m soak
+
 demo: $(STAMP)
 	$(BIN)/python -m ctxstore.demo
 

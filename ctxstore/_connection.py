@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
+import hiredis
 from redis import exceptions as rex
 from redis.asyncio import Redis
+from redis.asyncio import connection as rconn
 
 from ctxstore._scripts import Script
 from ctxstore.errors import StoreError, StoreUnavailableError
@@ -39,19 +41,53 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 )
 
 
-def make_client(url: str, settings: Settings) -> Redis:
-    """A redis-py asyncio client for ``url``, with ctxstore's timeouts.
+class _HiredisPacking:
+    """Packs commands with hiredis (C) instead of redis-py's pure-Python packer.
 
-    redis-py's own retries are off: :class:`Connection` retries, so that it
-    can bound the total time and translate the final error.
+    A script call with a dozen arguments packs in ~1.4 us instead of ~10 us.
+    """
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str) and " " in args[0]:
+            # "CLIENT SETINFO"-style names: redis-py splits them; let it.
+            return cast(list[bytes], super().pack_command(*args))  # type: ignore[misc]
+        return [hiredis.pack_command(args)]
+
+
+class _TcpConnection(_HiredisPacking, rconn.Connection):
+    pass
+
+
+class _SslConnection(_HiredisPacking, rconn.SSLConnection):
+    pass
+
+
+class _UnixConnection(_HiredisPacking, rconn.UnixDomainSocketConnection):
+    pass
+
+
+_FAST = {
+    rconn.Connection: _TcpConnection,
+    rconn.SSLConnection: _SslConnection,
+    rconn.UnixDomainSocketConnection: _UnixConnection,
+}
+
+
+def make_client(url: str, settings: Settings) -> Redis:
+    """A redis-py asyncio client for ``url``, with ctxstore's connection policy.
+
+    redis-py's own retries are off, and so are its per-socket-operation
+    timeouts (they cost a task per send): :class:`Connection` bounds each
+    call with one deadline, retries, and translates the final error.
     """
     client: Redis = Redis.from_url(
         url,
         socket_connect_timeout=settings.connect_timeout,
-        socket_timeout=settings.operation_timeout,
         retry_on_timeout=False,
         health_check_interval=30,
     )
+    pool = client.connection_pool
+    pool.connection_class = _FAST.get(pool.connection_class, pool.connection_class)
     return client
 
 
@@ -83,9 +119,11 @@ class Connection:
             StoreError: Redis answered with an error.
         """
         attempt = 0
+        deadline = self._settings.operation_timeout
         while True:
             try:
-                return await op()
+                async with asyncio.timeout(deadline):
+                    return await op()
             except TRANSIENT as exc:
                 attempt += 1
                 if attempt > self._settings.retry_attempts:
@@ -156,6 +194,59 @@ class Connection:
             return first
 
         return await self.call(op, session=session, key=keys[0] if keys else None)
+
+    async def transaction(
+        self,
+        commands: Sequence[tuple[Any, ...]],
+        *,
+        session: str | None = None,
+        key: str | None = None,
+    ) -> list[Any]:
+        """Run ``commands`` in one MULTI/EXEC: an atomic snapshot, one round trip.
+
+        Replies come back as Redis sent them (hiredis-parsed, no redis-py
+        callbacks): the read path parses only what it uses. Bulk reads go
+        this way rather than through Lua, which copies every value in and
+        out (a 36-entry tail costs ~100 us in Lua, ~12 us natively).
+
+        Raises:
+            StoreError: Redis refused a command or aborted the transaction.
+        """
+
+        async def op() -> list[Any]:
+            pool = self.client.connection_pool
+            conn = await pool.get_connection()
+            try:
+                await conn.send_packed_command(
+                    conn.pack_commands([("MULTI",), *commands, ("EXEC",)]), check_health=False
+                )
+                refused: list[Exception] = []
+                for _ in range(len(commands) + 1):  # +OK, then +QUEUED per command
+                    try:
+                        await conn.read_response(disable_decoding=True)
+                    except rex.ResponseError as exc:
+                        refused.append(exc)
+                try:
+                    replies = await conn.read_response(disable_decoding=True)
+                except rex.ResponseError as exc:
+                    refused.append(exc)
+                    replies = None
+            except BaseException:
+                # A half-read reply must never reach the next user of this connection.
+                await conn.disconnect()
+                raise
+            finally:
+                await pool.release(conn)
+            if refused:
+                raise refused[0]
+            if not isinstance(replies, list):
+                raise rex.ResponseError("the transaction was aborted")
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+
+        return await self.call(op, session=session, key=key)
 
     async def aclose(self) -> None:
         """Close the client's connections."""

@@ -48,9 +48,7 @@ class _Scripts:
             "lease_release",
             "lease_renew",
             "pin",
-            "read",
             "rewrite",
-            "view",
         ):
             setattr(self, name, Script.load(name))
 
@@ -61,9 +59,7 @@ class _Scripts:
     lease_release: Script
     lease_renew: Script
     pin: Script
-    read: Script
     rewrite: Script
-    view: Script
 
 
 SCRIPTS = _Scripts()

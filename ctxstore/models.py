@@ -14,6 +14,7 @@ against the model below. The model accepts the two shapes agents use:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -195,10 +196,14 @@ class Message(BaseModel):
         call_ids = [c.id for c in self.tool_calls or ()] + [u.id for u in uses]
         if len(call_ids) != len(set(call_ids)):
             raise ValueError("a message calls the same tool call id twice")
+        answered = [r.tool_use_id for r in results] + [self.tool_call_id or ""]
+        if any(_CONTROL.search(i) for i in call_ids + answered):
+            raise ValueError("tool call ids may not hold control characters")
         return self
 
 
 _MESSAGE = TypeAdapter(Message)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from ctxstore.policies import ENTRY_PLACEHOLDER
 from ctxstore.tokens import TokenCounter, count_message
 
-__all__ = ["ENTRY_PLACEHOLDER", "make_preview"]
-
-ENTRY_PLACEHOLDER = "@@ctxstore-entry@@"
-"""Stands for the entry id in a stored preview; the view fills it in."""
+__all__ = ["make_preview"]
 
 _OMITTED = "@@ctxstore-omitted@@"
 _NOTE = (

@@ -1,27 +1,34 @@
-"""Pure compaction policies: messages and a budget in, a plan out, no I/O.
+"""Pure compaction policies: entries and a budget in, a plan out, no I/O.
 
-The request view is planned here from what one script read:
+The request view is planned here from what one read returned:
 
 - the *protected* entries, sent whatever happens (system, developer and
   pinned messages);
 - the cached summary, if any, standing in for everything up to its watermark;
-- the *tail*: the newest entries after the watermark, read newest-first by
-  the script until the budget was full.
+- the *tail*: the newest entries after the watermark, as many as the budget
+  could hold.
 
 A tool exchange (an assistant message that calls tools and every message
 that answers those calls, parallel calls included) is kept or dropped as a
 unit. After selection, pairs are checked by id in both directions: a result
 whose call is not sent, and a call whose result is not sent, are removed, so
 an orphan is never sent; each repair is reported.
+
+Entries carry their tool call ids (stored beside the message at append), so
+planning never parses a message; only the messages finally sent are decoded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_core import from_json
+
 __all__ = [
+    "ENTRY_PLACEHOLDER",
     "Entry",
     "SummaryText",
     "ViewPlan",
@@ -31,31 +38,86 @@ __all__ = [
     "result_ids",
 ]
 
+ENTRY_PLACEHOLDER = "@@ctxstore-entry@@"
+"""Stands for the entry id in a stored preview; filled in when it is decoded."""
+
 
 @dataclass(slots=True)
 class Entry:
-    """A stored message as the view sees it.
+    """A stored message as the view sees it; decoded only when it is sent.
 
     Attributes:
         entry_id: Its stream entry id.
-        message: The decoded message.
         tokens: Its tokens.
-        preview: A smaller stand-in for a large tool result, or ``None``.
-        preview_tokens: The stand-in's tokens.
+        data: The message, as stored (JSON).
+        calls: The tool call ids it makes.
+        results: The tool call ids it answers.
         kind: ``"s"`` for system/developer, ``"p"`` for pinned, ``""`` otherwise.
+        preview_data: A smaller stand-in for a large tool result (JSON), or ``None``.
+        preview_tokens: The stand-in's tokens.
     """
 
     entry_id: str
-    message: dict[str, Any]
     tokens: int
-    preview: dict[str, Any] | None = None
-    preview_tokens: int = 0
+    data: bytes
+    calls: tuple[str, ...] = ()
+    results: tuple[str, ...] = ()
     kind: str = ""
+    preview_data: bytes | None = None
+    preview_tokens: int = 0
+    _message: dict[str, Any] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(
+        cls,
+        entry_id: str,
+        message: dict[str, Any],
+        tokens: int,
+        *,
+        preview: dict[str, Any] | None = None,
+        preview_tokens: int = 0,
+        kind: str = "",
+    ) -> Entry:
+        """An entry built from a message dict (tests, and callers without stored bytes)."""
+        return cls(
+            entry_id,
+            tokens,
+            json.dumps(message).encode(),
+            tuple(call_ids(message)),
+            tuple(result_ids(message)),
+            kind,
+            None if preview is None else json.dumps(preview).encode(),
+            preview_tokens,
+            message,
+        )
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The decoded message (decoded once)."""
+        if self._message is None:
+            self._message = _decode(self.data)
+        return self._message
+
+    @property
+    def preview(self) -> dict[str, Any] | None:
+        """The decoded stand-in, naming this entry's id, or ``None``."""
+        if self.preview_data is None:
+            return None
+        return _decode(
+            self.preview_data.replace(ENTRY_PLACEHOLDER.encode(), self.entry_id.encode())
+        )
 
     @property
     def cheapest(self) -> int:
         """The fewest tokens this entry can be sent in."""
-        return self.preview_tokens if self.preview is not None else self.tokens
+        return self.preview_tokens if self.preview_data is not None else self.tokens
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    value = from_json(data)
+    if not isinstance(value, dict):
+        raise ValueError("a stored message is not a JSON object")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +141,7 @@ class ViewPlan:
 
     Attributes:
         messages: The messages, in the order to send them.
-        tokens: Their tokens (an upper bound after repairs).
+        tokens: Their tokens (an upper bound after repairs that strip a block).
         kept_ids: Entry ids sent, in order.
         dropped: Tail entries read but not sent.
         offloaded: Entry ids sent as a preview.
@@ -128,6 +190,12 @@ def result_ids(message: dict[str, Any]) -> list[str]:
     return ids
 
 
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """Sort key of a stream entry id: (milliseconds, sequence)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def plan_view(
     protected: Sequence[Entry],
     summary: SummaryText | None,
@@ -157,53 +225,35 @@ def plan_view(
     protected_ids = {e.entry_id for e in protected}
     tail = [e for e in tail if e.entry_id not in protected_ids]
     plan.protected_tokens = sum(e.tokens for e in protected)
+    full: set[str] = set()  # previewable entries sent in full
     if plan.protected_tokens > budget:
         plan.over_budget = True
-        plan.dropped = len(tail)
         chosen: list[Entry] = []
-        remaining = 0
     else:
         remaining = budget - plan.protected_tokens
         if summary is not None and summary.tokens <= remaining:
             plan.summary_used = True
             remaining -= summary.tokens
-        outside = {cid for e in protected for cid in call_ids(e.message)}
+        outside = {cid for e in protected for cid in e.calls}
         chosen = _select_tail(tail, remaining, outside, complete, plan)
-        plan.dropped = len(tail) - len(chosen)
         remaining -= sum(e.cheapest for e in chosen)
         # Fill what is left with full tool results, newest first.
         for entry in reversed(chosen):
-            if entry.preview is not None and entry.tokens - entry.preview_tokens <= remaining:
-                remaining -= entry.tokens - entry.preview_tokens
-                entry.preview = None
-    cut = chosen[0].entry_id if chosen else None
-    hoisted = [e for e in protected if cut is None or entry_order(e.entry_id) < entry_order(cut)]
+            extra = entry.tokens - entry.preview_tokens
+            if entry.preview_data is not None and extra <= remaining:
+                remaining -= extra
+                full.add(entry.entry_id)
+    plan.dropped = len(tail) - len(chosen)
+    cut = entry_order(chosen[0].entry_id) if chosen else None
+    hoisted = [e for e in protected if cut is None or entry_order(e.entry_id) < cut]
     hoisted.sort(key=lambda e: e.kind != "s")  # system first; the sort is stable
-    body = sorted(
-        chosen + [e for e in protected if e not in hoisted], key=lambda e: entry_order(e.entry_id)
-    )
-    items: list[tuple[Entry | None, dict[str, Any]]] = [(e, _payload(e, plan)) for e in hoisted]
-    if plan.summary_used and summary is not None:
-        items.append((None, summary.message))
-        plan.tokens += summary.tokens
-    items.extend((e, _payload(e, plan)) for e in body)
-    _repair_and_place(items, plan)
+    inline = [e for e in protected if cut is not None and entry_order(e.entry_id) >= cut]
+    body = sorted(chosen + inline, key=lambda e: entry_order(e.entry_id)) if inline else chosen
+    items: list[Entry | None] = [*hoisted, None, *body] if plan.summary_used else [*hoisted, *body]
+    # Protected entries always go whole: their full size is what was reserved.
+    previewed = {e.entry_id for e in chosen if e.preview_data is not None} - full
+    _repair_place_and_render(items, summary, previewed, protected_ids, plan)
     return plan
-
-
-def entry_order(entry_id: str) -> tuple[int, int]:
-    """Sort key of a stream entry id: (milliseconds, sequence)."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _payload(entry: Entry, plan: ViewPlan) -> dict[str, Any]:
-    if entry.preview is not None:
-        plan.offloaded.append(entry.entry_id)
-        plan.tokens += entry.preview_tokens
-        return entry.preview
-    plan.tokens += entry.tokens
-    return entry.message
 
 
 def _select_tail(
@@ -219,139 +269,150 @@ def _select_tail(
     (the tail reaches back to the start of what can be sent), no such call
     exists at all, and leaving the result out is reported as a repair.
     """
-    owner = _call_owners(tail)
+    owner: dict[str, int] = {}
+    for index, entry in enumerate(tail):
+        for cid in entry.calls:
+            owner.setdefault(cid, index)
     left_out: set[int] = set()
     pending: dict[int, int] = {}  # index of a calling entry -> tokens of its later results
     used = 0
     start = len(tail)
     for index in range(len(tail) - 1, -1, -1):
         entry = tail[index]
-        answers = result_ids(entry.message)
-        owners = {owner[r] for r in answers if r in owner and owner[r] < index}
-        cost = 0
-        if owners:
-            first = min(owners)
-            pending[first] = pending.get(first, 0) + entry.cheapest
-        elif answers and not any(r in owner or r in outside_calls for r in answers):
-            left_out.add(index)
-            if complete:
-                plan.repairs.extend(f"dropped orphan result {r}" for r in answers)
-        else:
-            cost = entry.cheapest
-        cost += pending.pop(index, 0)
+        cost = entry.preview_tokens if entry.preview_data is not None else entry.tokens
+        if entry.results:
+            owners = [owner[r] for r in entry.results if r in owner and owner[r] < index]
+            if owners:
+                first = min(owners)
+                pending[first] = pending.get(first, 0) + cost
+                cost = 0
+            elif not any(r in owner or r in outside_calls for r in entry.results):
+                left_out.add(index)
+                cost = 0
+                if complete:
+                    plan.repairs.extend(f"dropped orphan result {r}" for r in entry.results)
+        if pending:
+            cost += pending.pop(index, 0)
         if used + cost > budget:
             break
         used += cost
         start = index
     chosen = []
     for index in range(start, len(tail)):
-        if index in left_out:
+        entry = tail[index]
+        if entry.results and (
+            index in left_out
+            # A result whose call was cut goes with its exchange.
+            or any(r in owner and owner[r] < start for r in entry.results)
+        ):
             continue
-        answers = result_ids(tail[index].message)
-        if any(r in owner and owner[r] < start for r in answers):
-            continue  # its call was cut: the exchange goes whole
-        chosen.append(tail[index])
+        chosen.append(entry)
     return chosen
 
 
-def _call_owners(entries: Iterable[Entry]) -> dict[str, int]:
-    owner: dict[str, int] = {}
-    for index, entry in enumerate(entries):
-        for cid in call_ids(entry.message):
-            owner.setdefault(cid, index)
-    return owner
+def _repair_place_and_render(
+    items: list[Entry | None],
+    summary: SummaryText | None,
+    previewed: set[str],
+    protected_ids: set[str],
+    plan: ViewPlan,
+) -> None:
+    """Remove orphans in both directions, put results after their call, decode.
 
-
-def _repair_and_place(items: list[tuple[Entry | None, dict[str, Any]]], plan: ViewPlan) -> None:
-    """Remove orphans in both directions, then put results right after their call."""
-    calls: set[str] = set()
+    ``None`` in ``items`` stands for the summary; entries in ``previewed``
+    are sent as their preview.
+    """
+    sent_calls = {cid for e in items if e is not None for cid in e.calls}
     answered: set[str] = set()
-    for _, message in items:
-        calls.update(call_ids(message))
-    kept: list[tuple[Entry | None, dict[str, Any]]] = []
-    for entry, message in items:
-        fixed = _strip_results(message, calls, answered, plan)
-        if fixed is None:
-            _uncount(entry, plan)
+    drop_results: dict[str, set[str]] = {}
+    for entry in items:
+        if entry is None:
+            continue
+        for rid in entry.results:
+            if rid in sent_calls and rid not in answered:
+                answered.add(rid)
+                continue
+            kind = "duplicate" if rid in answered else "orphan"
+            plan.repairs.append(f"dropped {kind} result {rid}")
+            drop_results.setdefault(entry.entry_id, set()).add(rid)
+    drop_calls: dict[str, set[str]] = {}
+    for entry in items:
+        if entry is None:
+            continue
+        for cid in entry.calls:
+            if cid not in answered:
+                plan.repairs.append(f"dropped unanswered call {cid}")
+                drop_calls.setdefault(entry.entry_id, set()).add(cid)
+
+    rendered: list[tuple[Entry | None, dict[str, Any], tuple[str, ...], tuple[str, ...]]] = []
+    for entry in items:
+        if entry is None:
+            assert summary is not None
+            rendered.append((None, summary.message, (), ()))
+            plan.tokens += summary.tokens
+            continue
+        if not entry.calls and not entry.results and entry.preview_data is None:
+            plan.tokens += entry.tokens
+            rendered.append((entry, entry.message, (), ()))
+            continue
+        as_preview = entry.entry_id in previewed
+        message = entry.preview if as_preview else entry.message
+        assert message is not None
+        gone_results = drop_results.get(entry.entry_id)
+        gone_calls = drop_calls.get(entry.entry_id)
+        stripped: dict[str, Any] | None = message
+        if gone_results:
+            stripped = _without_results(message, gone_results)
+        if stripped is not None and gone_calls:
+            stripped = _without_calls(stripped, gone_calls)
+        if stripped is None:
+            if entry.entry_id not in protected_ids:
+                plan.dropped += 1
+            continue
+        if as_preview:
+            plan.offloaded.append(entry.entry_id)
+            plan.tokens += entry.preview_tokens
         else:
-            kept.append((entry, fixed))
-    final: list[tuple[Entry | None, dict[str, Any]]] = []
-    for entry, message in kept:
-        fixed = _strip_calls(message, answered, plan)
-        if fixed is None:
-            _uncount(entry, plan)
-        else:
-            final.append((entry, fixed))
-    placed = _place_results(final)
-    plan.messages = [m for _, m in placed]
-    plan.kept_ids = [e.entry_id for e, _ in placed if e is not None]
+            plan.tokens += entry.tokens
+        calls, results = entry.calls, entry.results
+        if gone_calls:
+            calls = tuple(c for c in calls if c not in gone_calls)
+        if gone_results:
+            results = tuple(r for r in results if r not in gone_results)
+        rendered.append((entry, stripped, calls, results))
+
+    for entry, message, _, _ in _place_results(rendered):
+        plan.messages.append(message)
+        if entry is not None:
+            plan.kept_ids.append(entry.entry_id)
 
 
-def _uncount(entry: Entry | None, plan: ViewPlan) -> None:
-    if entry is None:
-        return
-    if entry.entry_id in plan.offloaded:
-        plan.offloaded.remove(entry.entry_id)
-        plan.tokens -= entry.preview_tokens
-    else:
-        plan.tokens -= entry.tokens
-    plan.dropped += 1
-
-
-def _strip_results(
-    message: dict[str, Any], calls: set[str], answered: set[str], plan: ViewPlan
-) -> dict[str, Any] | None:
-    """Drop results whose call is not sent, and second results for one call."""
-    if message.get("role") == "tool" and isinstance(message.get("tool_call_id"), str):
-        cid = message["tool_call_id"]
-        if cid not in calls:
-            plan.repairs.append(f"dropped orphan result {cid}")
-            return None
-        if cid in answered:
-            plan.repairs.append(f"dropped duplicate result {cid}")
-            return None
-        answered.add(cid)
+def _without_results(message: dict[str, Any], gone: set[str]) -> dict[str, Any] | None:
+    """The message without its results for ``gone`` calls; ``None`` if nothing is left."""
+    if message.get("role") == "tool" and message.get("tool_call_id") in gone:
+        return None
     content = message.get("content")
     if not isinstance(content, list):
         return message
-    blocks = []
-    changed = False
-    for block in content:
-        if isinstance(block, dict) and block.get("type") == "tool_result":
-            cid = block.get("tool_use_id")
-            if cid not in calls or cid in answered:
-                kind = "orphan" if cid not in calls else "duplicate"
-                plan.repairs.append(f"dropped {kind} result {cid}")
-                changed = True
-                continue
-            answered.add(cid)
-        blocks.append(block)
-    if not changed:
-        return message
-    if not blocks:
-        return None
-    return {**message, "content": blocks}
+    blocks = [
+        b
+        for b in content
+        if not (
+            isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id") in gone
+        )
+    ]
+    return {**message, "content": blocks} if blocks else None
 
 
-def _strip_calls(
-    message: dict[str, Any], answered: set[str], plan: ViewPlan
-) -> dict[str, Any] | None:
-    """Drop calls whose result is not sent; drop the message if nothing is left."""
-    made = call_ids(message)
-    missing = [cid for cid in made if cid not in answered]
-    if not missing:
-        return message
-    for cid in missing:
-        plan.repairs.append(f"dropped unanswered call {cid}")
+def _without_calls(message: dict[str, Any], gone: set[str]) -> dict[str, Any] | None:
+    """The message without its ``gone`` calls; ``None`` if nothing is left to send."""
     fixed = dict(message)
-    gone = set(missing)
     if message.get("tool_calls"):
         left = [c for c in message["tool_calls"] if c.get("id") not in gone]
         if left:
             fixed["tool_calls"] = left
         else:
             del fixed["tool_calls"]
-    content = message.get("content")
     content = message.get("content")
     if isinstance(content, list):
         content = [
@@ -366,25 +427,46 @@ def _strip_calls(
 
 
 def _place_results(
-    items: list[tuple[Entry | None, dict[str, Any]]],
-) -> list[tuple[Entry | None, dict[str, Any]]]:
+    items: list[tuple[Entry | None, dict[str, Any], tuple[str, ...], tuple[str, ...]]],
+) -> list[tuple[Entry | None, dict[str, Any], tuple[str, ...], tuple[str, ...]]]:
     """Move each answering message right after the message that made the call.
 
     Messages from several pods can interleave (a user message between a call
-    and its result); providers require results to follow their call.
+    and its result); providers require results to follow their call. Linear
+    in the number of messages and results.
     """
-    placed: list[tuple[Entry | None, dict[str, Any]]] = []
+    if _already_placed(items):
+        return items
+    answering: dict[str, list[int]] = {}
+    for index, (_, _, _, results) in enumerate(items):
+        for rid in results:
+            answering.setdefault(rid, []).append(index)
+    placed = []
     taken = [False] * len(items)
-    for index, (entry, message) in enumerate(items):
+    for index, item in enumerate(items):
         if taken[index]:
             continue
         taken[index] = True
-        placed.append((entry, message))
-        made = set(call_ids(message))
-        if not made:
+        placed.append(item)
+        if not item[2]:
             continue
-        for later in range(index + 1, len(items)):
-            if not taken[later] and made.intersection(result_ids(items[later][1])):
-                taken[later] = True
-                placed.append(items[later])
+        later = sorted({j for cid in item[2] for j in answering.get(cid, ()) if j > index})
+        for j in later:
+            if not taken[j]:
+                taken[j] = True
+                placed.append(items[j])
     return placed
+
+
+def _already_placed(
+    items: list[tuple[Entry | None, dict[str, Any], tuple[str, ...], tuple[str, ...]]],
+) -> bool:
+    """True when every answering message already follows its call (the usual case)."""
+    open_calls: frozenset[str] = frozenset()
+    for _, _, calls, results in items:
+        if results:
+            if not open_calls.issuperset(results):
+                return False
+        else:
+            open_calls = frozenset(calls)
+    return True

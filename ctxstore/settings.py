@@ -51,9 +51,15 @@ class Settings(BaseSettings):
         token_safety_factors: Model family (a substring of the model or
             provider name) -> factor applied to cl100k counts, because
             cl100k under-counts other tokenizers (Claude by 15-45%).
-        idempotency_window: Idempotency keys remembered per session: at
-            least this many of the newest, at most twice as many.
+        idempotency_seconds: A retried append is recognised (not written
+            twice) when it comes within this many seconds of the original...
+        idempotency_window: ...and within this many appends to the session.
+            Keys are kept in two rotating generations, so memory follows the
+            recent append rate, not the history's length.
         history_page_size: Entries read per round trip by ``get_messages``.
+        index_interval: Seconds between two refreshes, by one process, of a
+            session's last activity in the tenant's index (the first write
+            of a session always records it).
         view_chunk: Entries the view script reads per step, newest first.
         offload_threshold_tokens: Tool results larger than this are sent in
             views as a preview (head and tail) plus a retrieval note; the
@@ -82,8 +88,10 @@ class Settings(BaseSettings):
     token_safety_factors: dict[str, Annotated[float, Field(ge=1.0, le=4.0)]] = Field(
         default_factory=lambda: {"claude": 1.4, "anthropic": 1.4}
     )
-    idempotency_window: PositiveInt = 10_000
+    idempotency_seconds: PositiveFloat = 300.0
+    idempotency_window: PositiveInt = 100_000
     history_page_size: Annotated[int, Field(gt=0, le=10_000)] = 1_000
+    index_interval: Annotated[float, Field(ge=0)] = 1.0
     view_chunk: Annotated[int, Field(gt=0, le=10_000)] = 64
     offload_threshold_tokens: Annotated[int, Field(ge=0)] = 2_500
     offload_preview_tokens: PositiveInt = 500

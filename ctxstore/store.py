@@ -13,10 +13,11 @@ and ids are validated before any key is formatted.
 
 from __future__ import annotations
 
-import json
+import itertools
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ctxstore import _keys
@@ -43,7 +44,7 @@ from ctxstore.models import (
     WriteResult,
     check_message,
 )
-from ctxstore.offload import ENTRY_PLACEHOLDER, make_preview
+from ctxstore.offload import make_preview
 from ctxstore.policies import Entry, SummaryText, entry_order, plan_view
 from ctxstore.settings import Settings
 from ctxstore.tokens import TiktokenCounter, TokenCounter, count_message
@@ -92,6 +93,12 @@ class ContextStore:
         self._connection = Connection(client, self.settings, self.tenant)
         self._prefix = self.settings.key_prefix
         self._index = _keys.tenant_sessions_key(self._prefix, self.tenant)
+        self._indexed: dict[str, float] = {}
+        self._means: dict[str, float] = {}
+        # Idempotency keys made here: a random per-store prefix and a counter
+        # (unique without a syscall per append, unlike a fresh random token).
+        self._key_prefix = secrets.token_urlsafe(6) + "."
+        self._key_counter = itertools.count()
 
     @classmethod
     def from_settings(
@@ -200,7 +207,9 @@ class ContextStore:
             ConflictError: ``expected_seq`` is stale.
         """
         keys = self.keys(session)
-        if isinstance(messages, dict) or not isinstance(messages, Sequence):
+        if not isinstance(messages, list | tuple) and (
+            isinstance(messages, dict | str) or not isinstance(messages, Sequence)
+        ):
             raise InvalidInputError("messages must be a list of dicts", session=session)
         if not messages:
             return []
@@ -212,20 +221,25 @@ class ContextStore:
             self.settings.idempotency_window,
             self._summary_threshold(),
             len(messages),
+            int(self.settings.idempotency_seconds * 1000),
         ]
         for index, message in enumerate(messages):
-            data, tokens, kind, preview, preview_tokens = self._entry_args(
-                session, message, index, len(messages), pinned
+            data, tokens, *rest = self._entry_args(session, message, index, len(messages), pinned)
+            args.extend((data, tokens, idem[index], *rest))
+        script_keys = (keys.log, keys.meta, keys.idem, keys.idem_old, keys.keep, keys.view)
+        if self._index_due(session):
+            now_ms = self._wall_ms()
+            reply = await self._connection.script_and(
+                SCRIPTS.append,
+                script_keys,
+                tuple(args),
+                lambda pipe: pipe.zadd(self._index, {session: now_ms}),
+                session=session,
             )
-            args.extend((data, tokens, idem[index], kind, preview, preview_tokens))
-        now_ms = self._wall_ms()
-        reply = await self._connection.script_and(
-            SCRIPTS.append,
-            (keys.log, keys.meta, keys.idem, keys.idem_old, keys.keep, keys.view),
-            tuple(args),
-            lambda pipe: pipe.zadd(self._index, {session: now_ms}),
-            session=session,
-        )
+        else:
+            reply = await self._connection.script(
+                SCRIPTS.append, script_keys, tuple(args), session=session
+            )
         status = _text(reply[0])
         if status == "conflict":
             raise ConflictError(
@@ -252,7 +266,7 @@ class ContextStore:
 
     def _idempotency_keys(self, session: str, given: Sequence[str] | None, count: int) -> list[str]:
         if given is None:
-            return [secrets.token_urlsafe(12) for _ in range(count)]
+            return [f"{self._key_prefix}{next(self._key_counter):x}" for _ in range(count)]
         if isinstance(given, str) or len(given) != count:
             raise InvalidInputError(
                 f"idempotency_keys must be a list of {count} strings", session=session
@@ -270,7 +284,12 @@ class ContextStore:
     def _entry_args(
         self, session: str, message: Any, index: int, total: int, pinned: bool
     ) -> tuple[Any, ...]:
-        """Validate, count and serialize one message: (data, tokens, kind, preview, ptokens)."""
+        """Validate, count and serialize one message.
+
+        Returns:
+            (data, tokens, kind, call ids, result ids, preview, preview tokens),
+            as the append and rewrite scripts take them.
+        """
         try:
             checked = check_message(
                 message,
@@ -289,7 +308,14 @@ class ContextStore:
             threshold=self.settings.offload_threshold_tokens,
             preview_tokens=self.settings.offload_preview_tokens,
         )
-        return checked.data, tokens, kind, *(preview or (b"", 0))
+        return (
+            checked.data,
+            tokens,
+            kind,
+            _SEP.join(checked.call_ids),
+            _SEP.join(checked.result_ids),
+            *(preview or (b"", 0)),
+        )
 
     def _checked_all(self, session: str, messages: Sequence[Any]) -> list[tuple[Any, ...]]:
         return [
@@ -312,12 +338,14 @@ class ContextStore:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 10_000:
             raise InvalidInputError("limit must be an integer from 1 to 10,000", session=session)
         low = "-" if after is None else "(" + _check_entry_id(after, session)
-        reply = await self._connection.script(
-            SCRIPTS.read, (keys.log, keys.meta), (low, limit), session=session
+        epoch, rows = await self._connection.transaction(
+            [("HGET", keys.meta, "epoch"), ("XRANGE", keys.log, low, "+", "COUNT", limit)],
+            session=session,
+            key=keys.log,
         )
-        entries = [self._stored(session, raw) for raw in reply[1]]
+        entries = [self._stored(session, row) for row in rows]
         next_after = entries[-1].entry_id if len(entries) == limit else None
-        return HistoryPage(entries, int(reply[0]), next_after)
+        return HistoryPage(entries, int(epoch or 0), next_after)
 
     async def iter_history(self, session: str) -> AsyncIterator[StoredMessage]:
         """Every stored message, oldest first, read a page at a time.
@@ -357,10 +385,8 @@ class ContextStore:
         """One stored message by entry id (e.g. the full text of an offloaded result)."""
         keys = self.keys(session)
         entry_id = _check_entry_id(entry_id, session)
-        rows = await self._connection.call(
-            lambda: self._connection.client.xrange(keys.log, entry_id, entry_id, count=1),
-            session=session,
-            key=keys.log,
+        (rows,) = await self._connection.transaction(
+            [("XRANGE", keys.log, entry_id, entry_id, "COUNT", 1)], session=session, key=keys.log
         )
         return self._stored(session, rows[0]) if rows else None
 
@@ -400,38 +426,26 @@ class ContextStore:
             margin=self.settings.provider_safety_margin,
             factors=self.settings.token_safety_factors,
         )
-        reply = await self._connection.script(
-            SCRIPTS.view,
-            (keys.log, keys.meta, keys.keep, keys.view),
-            (budget.cl100k, self.settings.view_chunk),
-            session=session,
+        snap = await self._snapshot(session, keys, budget.cl100k)
+        plan = plan_view(
+            snap.protected, snap.summary, snap.tail, budget.cl100k, complete=snap.complete
         )
-        meta, protected_raw, kinds_raw, summary_raw, tail_raw, reached = reply
-        kinds = _pairs(kinds_raw)
-        protected = sorted(
-            (self._entry(session, raw, kinds) for raw in protected_raw),
-            key=lambda e: entry_order(e.entry_id),
-        )
-        tail = [self._entry(session, raw, kinds) for raw in reversed(tail_raw)]
-        summary = self._summary(summary_raw)
-        plan = plan_view(protected, summary, tail, budget.cl100k, complete=int(reached) == 1)
-        history_messages = int(meta[2] or 0)
         stats = ViewStats(
             budget=budget.tokens,
             budget_cl100k=budget.cl100k,
             tokens=plan.tokens,
-            history_messages=history_messages,
-            history_tokens=int(meta[3] or 0),
+            history_messages=snap.count,
+            history_tokens=snap.tokens,
             messages=len(plan.messages),
-            dropped=history_messages - len(plan.kept_ids),
+            dropped=snap.count - len(plan.kept_ids),
             protected_tokens=plan.protected_tokens,
             summary_used=plan.summary_used,
-            summary_covers=summary.covers_upto if plan.summary_used and summary else None,
+            summary_covers=snap.summary.covers_upto if plan.summary_used and snap.summary else None,
             offloaded=plan.offloaded,
             repairs=plan.repairs,
             over_budget=plan.over_budget,
-            epoch=int(meta[0] or 0),
-            entries_read=len(protected_raw) + len(tail_raw),
+            epoch=snap.epoch,
+            entries_read=snap.read,
         )
         stats.compacted = bool(stats.dropped or stats.offloaded or stats.summary_used)
         return RequestView(plan.messages, stats)
@@ -445,39 +459,123 @@ class ContextStore:
         """The messages of :meth:`view`, as the Amplifier protocol names it."""
         return (await self.view(session, token_budget=token_budget, provider=provider)).messages
 
-    def _summary(self, raw: list[Any]) -> SummaryText | None:
-        text, tokens, covers = raw[0], raw[1], raw[2]
-        if not text:
-            return None
-        body = "<summary>\n" + _text(text) + "\n</summary>"
-        return SummaryText({"role": "user", "content": body}, int(tokens), _text(covers))
+    async def _snapshot(self, session: str, keys: _keys.SessionKeys, budget: int) -> _Snapshot:
+        """Read what a view needs: one MULTI/EXEC, more only if the guess fell short.
 
-    def _entry(self, session: str, raw: list[Any], kinds: dict[str, str]) -> Entry:
-        entry_id = _text(raw[0])
-        fields = _pairs_bytes(raw[1])
-        try:
-            message = _loads(fields[b"m"])
-            preview = None
-            if b"v" in fields:
-                preview = _loads(fields[b"v"].replace(ENTRY_PLACEHOLDER.encode(), raw[0]))
-            return Entry(
-                entry_id,
-                message,
-                int(fields[b"t"]),
-                preview,
-                int(fields.get(b"vt", 0)),
-                kinds.get(entry_id, ""),
+        The tail is read newest first, as many entries as the budget should
+        hold (from the session's mean tokens per entry, remembered from the
+        last read); if that was not enough, the next older batch is read, and
+        the epoch checked so two histories are never mixed.
+        """
+        for _ in range(3):
+            count = self._tail_guess(session, budget)
+            meta, keep, summary_raw, rows = await self._connection.transaction(
+                [
+                    ("HMGET", keys.meta, "epoch", "count", "tokens", "wm"),
+                    ("HGETALL", keys.keep),
+                    ("HMGET", keys.view, "text", "tokens", "covers", "epoch"),
+                    ("XREVRANGE", keys.log, "+", "-", "COUNT", count),
+                ],
+                session=session,
+                key=keys.log,
             )
-        except (KeyError, ValueError) as exc:
+            snap = _Snapshot(
+                epoch=int(meta[0] or 0), count=int(meta[1] or 0), tokens=int(meta[2] or 0)
+            )
+            if snap.count:
+                self._means[session] = snap.tokens / snap.count
+            snap.protected = sorted(
+                (_protected(keep[i].decode(), keep[i + 1]) for i in range(0, len(keep), 2)),
+                key=lambda e: entry_order(e.entry_id),
+            )
+            snap.read = len(snap.protected)
+            snap.summary = _summary(summary_raw, meta)
+            watermark = entry_order(snap.summary.covers_upto) if snap.summary else None
+            protected_ids = {e.entry_id for e in snap.protected}
+            left = budget - sum(e.tokens for e in snap.protected)
+            if snap.summary is not None and snap.summary.tokens <= left:
+                left -= snap.summary.tokens
+            newest_first: list[Entry] = []
+            while True:
+                for row in rows:
+                    entry = self._entry(session, row)
+                    if watermark is not None and entry_order(entry.entry_id) <= watermark:
+                        snap.complete = True
+                        break
+                    newest_first.append(entry)
+                    if entry.entry_id not in protected_ids:
+                        left -= entry.preview_tokens if entry.preview_data else entry.tokens
+                        if left < 0:
+                            break
+                snap.read += len(rows)
+                if snap.complete or left < 0 or len(rows) < count:
+                    snap.complete = snap.complete or left >= 0
+                    snap.tail = newest_first[::-1]
+                    return snap
+                count = min(count * 2, 10_000)
+                epoch, rows = await self._connection.transaction(
+                    [
+                        ("HGET", keys.meta, "epoch"),
+                        (
+                            "XREVRANGE",
+                            keys.log,
+                            "(" + newest_first[-1].entry_id,
+                            "-",
+                            "COUNT",
+                            count,
+                        ),
+                    ],
+                    session=session,
+                    key=keys.log,
+                )
+                if int(epoch or 0) != snap.epoch:
+                    break  # a replace or clear came between: read again from the top
+        raise ConflictError(
+            snap.epoch, snap.epoch + 1, tenant=self.tenant, session=session, key=keys.meta
+        )
+
+    def _tail_guess(self, session: str, budget: int) -> int:
+        """How many entries the first read takes: what the budget holds, plus a margin."""
+        mean = self._means.get(session) or 200.0
+        if len(self._means) > 10_000:
+            self._means.clear()
+        return max(8, min(10_000, int(budget / max(mean, 1.0) * 1.1) + 2))
+
+    def _entry(self, session: str, row: list[Any]) -> Entry:
+        """An entry from a raw stream row ``[id, [b"m", data, b"t", tokens, ...]]``."""
+        entry_id = row[0].decode()
+        flat = row[1]
+        try:
+            if flat[0] != b"m" or flat[2] != b"t":
+                raise KeyError("m and t come first")
+            entry = Entry(entry_id, int(flat[3]), flat[1])
+            for i in range(4, len(flat), 2):  # optional fields: c, r, v, vt
+                name, value = flat[i], flat[i + 1]
+                if name == b"c":
+                    entry.calls = _ids(value)
+                elif name == b"r":
+                    entry.results = _ids(value)
+                elif name == b"v":
+                    entry.preview_data = value
+                elif name == b"vt":
+                    entry.preview_tokens = int(value)
+            return entry
+        except (KeyError, ValueError, IndexError) as exc:
             raise CorruptEntryError(
-                f"entry {entry_id} cannot be decoded: {exc}",
+                f"entry {entry_id} cannot be decoded: {exc}", tenant=self.tenant, session=session
+            ) from exc
+
+    def _stored(self, session: str, row: list[Any]) -> StoredMessage:
+        entry = self._entry(session, row)
+        try:
+            message = entry.message
+        except ValueError as exc:
+            raise CorruptEntryError(
+                f"entry {entry.entry_id} is not a JSON object: {exc}",
                 tenant=self.tenant,
                 session=session,
             ) from exc
-
-    def _stored(self, session: str, raw: list[Any]) -> StoredMessage:
-        entry = self._entry(session, raw, {})
-        return StoredMessage(entry.entry_id, entry.message, entry.tokens)
+        return StoredMessage(entry.entry_id, message, entry.tokens)
 
     # -- rewrites (under the lease) --------------------------------------------
 
@@ -545,7 +643,9 @@ class ContextStore:
             LeaseLostError: The lease expired before the write.
         """
         keys = self.keys(session)
-        if isinstance(messages, dict) or not isinstance(messages, Sequence):
+        if not isinstance(messages, list | tuple) and (
+            isinstance(messages, dict | str) or not isinstance(messages, Sequence)
+        ):
             raise InvalidInputError("messages must be a list of dicts", session=session)
         entries = self._checked_all(session, messages)
         return await self._rewrite(session, keys, entries, expected_seq, lease)
@@ -646,7 +746,7 @@ class ContextStore:
             first_at_ms=entry_order(first)[0] if first else None,
             last_at_ms=entry_order(last)[0] if last else None,
             ttl_seconds=int(ttl) // 1000 if ttl else (int(pttl) // 1000 if int(pttl) > 0 else None),
-            pinned=tuple(sorted((i for i, k in kinds.items() if k == "p"), key=entry_order)),
+            pinned=tuple(sorted((i for i, k in kinds.items() if k[:1] == "p"), key=entry_order)),
             summary_covers=covers,
             summary_tokens=int(view_raw[1]) if covers else 0,
             tokens_unsummarized=tokens - int(meta.get("wm_tokens", 0) or 0),
@@ -745,6 +845,23 @@ class ContextStore:
 
     # -- helpers ---------------------------------------------------------------
 
+    def _index_due(self, session: str) -> bool:
+        """True when this process should refresh the session in the tenant's index.
+
+        The index (another slot) is updated in the same round trip as the
+        append, the first time this process writes the session and then at
+        most once per ``index_interval`` seconds: listing is then accurate to
+        that interval, and most appends cost one command, not a pipeline.
+        """
+        now = time.monotonic()
+        last = self._indexed.get(session)
+        if last is not None and now - last < self.settings.index_interval:
+            return False
+        if len(self._indexed) >= 10_000:
+            self._indexed.clear()
+        self._indexed[session] = now
+        return True
+
     def _default_ttl_arg(self) -> int | str:
         ttl = self.settings.session_ttl_seconds
         return "" if ttl is None else ttl * 1000
@@ -754,6 +871,42 @@ class ContextStore:
 
     def _wall_ms(self) -> int:
         return self.clock.now_ms() if self.clock is not None else int(time.time() * 1000)
+
+
+_SEP = "\x1f"  # joins tool call ids in a stream field (ids may not hold control characters)
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    """What one view read: counters, protected entries, summary and tail."""
+
+    epoch: int
+    count: int
+    tokens: int
+    protected: list[Entry] = field(default_factory=list)
+    summary: SummaryText | None = None
+    tail: list[Entry] = field(default_factory=list)
+    complete: bool = False
+    read: int = 0
+
+
+def _ids(joined: bytes | None) -> tuple[str, ...]:
+    return tuple(joined.decode().split(_SEP)) if joined else ()
+
+
+def _protected(entry_id: str, value: bytes) -> Entry:
+    """An entry from the keep hash: kind, tokens, call ids, result ids, data (joined by RS)."""
+    kind, tokens, calls, results, data = value.split(b"\x1e", 4)
+    return Entry(entry_id, int(tokens), data, _ids(calls), _ids(results), kind.decode())
+
+
+def _summary(raw: list[Any], meta: list[Any]) -> SummaryText | None:
+    """The cached summary, if it belongs to this epoch and covers up to the watermark."""
+    text, tokens, covers, epoch = raw
+    if not text or epoch != (meta[0] or b"0") or covers != meta[3]:
+        return None
+    body = "<summary>\n" + text.decode() + "\n</summary>"
+    return SummaryText({"role": "user", "content": body}, int(tokens), covers.decode())
 
 
 def _check_seq(expected_seq: object) -> None:
@@ -779,16 +932,3 @@ def _text(value: Any) -> str:
 def _pairs(flat: Iterable[Any]) -> dict[str, str]:
     items = [_text(v) for v in flat]
     return dict(zip(items[::2], items[1::2], strict=True))
-
-
-def _pairs_bytes(flat: list[Any] | dict[bytes, bytes]) -> dict[bytes, bytes]:
-    if isinstance(flat, dict):  # redis-py parses XRANGE replies (not script replies)
-        return flat
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _loads(data: bytes) -> dict[str, Any]:
-    value = json.loads(data)
-    if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
-    return value

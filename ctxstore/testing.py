@@ -1,13 +1,27 @@
-"""Deterministic test doubles, for ctxstore's tests and for yours.
+"""Deterministic test doubles and checks, for ctxstore's tests and for yours.
 
 - :class:`ManualClock`: the time leases use, moved by hand, so a test can
   expire a lease without sleeping.
 - :class:`WordCounter`: a token counter that counts words; fast, predictable.
+- :func:`audit`: checks a session's history against what its writers were
+  told (nothing lost, nothing doubled, each writer's order kept).
 """
 
 from __future__ import annotations
 
-__all__ = ["ManualClock", "WordCounter"]
+import itertools
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ctxstore.policies import entry_order
+
+if TYPE_CHECKING:
+    from ctxstore.models import WriteResult
+    from ctxstore.store import ContextStore
+
+__all__ = ["Ack", "Audit", "ManualClock", "WordCounter", "audit"]
 
 
 class ManualClock:
@@ -35,3 +49,94 @@ class WordCounter:
     def count(self, text: str) -> int:
         """The number of words in ``text``."""
         return len(text.split())
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """An append the store acknowledged, as a writer recorded it.
+
+    Attributes:
+        writer: Who appended it.
+        index: Its position in that writer's own sequence.
+        entry_id: The entry id the store answered.
+        epoch: The epoch the store answered.
+    """
+
+    writer: Hashable
+    index: int
+    entry_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """What :func:`audit` found; all zero when the session is sound.
+
+    Attributes:
+        lost: Acknowledged appends neither in the history nor superseded by a rewrite.
+        duplicated: Messages stored more than once.
+        out_of_order: Consecutive appends of one writer stored in the other order.
+        checked: Acknowledged appends checked.
+    """
+
+    lost: int
+    duplicated: int
+    out_of_order: int
+    checked: int
+
+
+async def audit(
+    store: ContextStore,
+    session: str,
+    acks: Iterable[Ack],
+    rewrites: Iterable[WriteResult] = (),
+    key_of: Callable[[dict[str, Any]], tuple[Hashable, int] | None] = lambda m: None,
+) -> Audit:
+    """Check a session's history against what writers were told.
+
+    An append acknowledged in the current epoch must be in the history, once,
+    under the entry id it was given; one acknowledged in an earlier epoch
+    must be counted in the ``superseded`` of the rewrite that ended that
+    epoch (so: every message that epoch's rewrite wrote, plus every append
+    acknowledged in it). Each writer's appends must be stored in its order.
+
+    Args:
+        store: The store.
+        session: The session.
+        acks: Every acknowledged append.
+        rewrites: Every replace and clear of the session, in any order.
+        key_of: ``(writer, index)`` of a stored message, or ``None`` for
+            messages no writer appended (a rewrite's).
+    """
+    acks = list(acks)
+    stored = [s async for s in store.iter_history(session)]
+    epoch = (await store.info(session)).epoch
+    seen: dict[tuple[Hashable, int], list[str]] = {}
+    for message in stored:
+        key = key_of(message.message)
+        if key is not None:
+            seen.setdefault(key, []).append(message.entry_id)
+    duplicated = sum(len(ids) - 1 for ids in seen.values())
+    lost = sum(
+        1
+        for a in acks
+        if a.epoch == epoch and seen.get((a.writer, a.index), [None])[0] != a.entry_id
+    )
+    written = {0: 0} | {r.epoch: r.count for r in rewrites}
+    superseded = {r.epoch: r.superseded for r in rewrites}
+    per_epoch = Counter(a.epoch for a in acks)
+    for old in range(epoch):
+        expected = written.get(old, 0) + per_epoch[old]
+        lost += max(0, expected - superseded.get(old + 1, expected))
+    out_of_order = 0
+    by_writer: dict[tuple[Hashable, int], list[Ack]] = {}
+    for a in acks:
+        by_writer.setdefault((a.writer, a.epoch), []).append(a)
+    for mine in by_writer.values():
+        mine.sort(key=lambda a: a.index)
+        out_of_order += sum(
+            1
+            for x, y in itertools.pairwise(mine)
+            if entry_order(x.entry_id) >= entry_order(y.entry_id)
+        )
+    return Audit(lost, duplicated, out_of_order, len(acks))

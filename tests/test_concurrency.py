@@ -6,7 +6,6 @@ Writers are separate processes (spawned), as pods are.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import multiprocessing
 import os
@@ -26,11 +25,29 @@ from chaos import DroppingProxy
 from conftest import RUN_PREFIX
 from redis.asyncio import Redis
 
-from ctxstore import ContextStore, Settings, StoreUnavailableError
+from ctxstore import ContextStore, Settings, StoreUnavailableError, WriteResult
 from ctxstore.embedded import redis_server_binary
-from ctxstore.policies import entry_order
+from ctxstore.testing import Ack, audit
 
 SPAWN = multiprocessing.get_context("spawn")
+
+
+def acks_of(reports: dict[Any, Any], session: str) -> list[Ack]:
+    """The acks the writer processes reported for one session."""
+    return [
+        Ack(writer, i, entry_id, epoch)
+        for writer, acks in reports.items()
+        for (s, entry_id, epoch, i) in acks
+        if s == session
+    ]
+
+
+def writer_key(message: dict[str, Any]) -> tuple[int, int] | None:
+    """(writer, index) of a message a writer process appended."""
+    if message["role"] != "user":
+        return None
+    body = json.loads(message["content"])
+    return body["w"], body["i"]
 
 
 def collect(queue: Any, processes: list[Any], timeout: float = 120) -> dict[Any, Any]:
@@ -63,38 +80,12 @@ async def test_concurrent_writers_lose_nothing_double_nothing_keep_order(
     ]
     reports = collect(queue, processes)
 
-    lost = doubled = out_of_order = 0
+    totals = Counter[str]()
     for session in ["one", *many]:
-        stored = [s async for s in store.iter_history(session)]
-        seen = Counter(
-            (json.loads(s.message["content"])["w"], json.loads(s.message["content"])["i"])
-            for s in stored
-        )
-        doubled += sum(n - 1 for n in seen.values() if n > 1)
-        acked = {
-            (w, i): entry
-            for w, acks in reports.items()
-            for (s, entry, _, i) in acks
-            if s == session
-        }
-        lost += sum(1 for key in acked if key not in seen)
-        ids = {
-            (
-                json.loads(s.message["content"])["w"],
-                json.loads(s.message["content"])["i"],
-            ): s.entry_id
-            for s in stored
-        }
-        # Each writer's own order is kept, and the ids the writers were given are the stored ones.
-        for w in reports:
-            mine = sorted((i, ids[(w, i)]) for (ww, i) in ids if ww == w)
-            out_of_order += sum(
-                1 for (_, a), (_, b) in itertools.pairwise(mine) if entry_order(a) >= entry_order(b)
-            )
-        assert all(ids[key] == entry for key, entry in acked.items())
-        info = await store.info(session)
-        assert info.count == len(stored)
-    assert (lost, doubled, out_of_order) == (0, 0, 0)
+        found = await audit(store, session, acks_of(reports, session), key_of=writer_key)
+        totals.update(lost=found.lost, doubled=found.duplicated, out_of_order=found.out_of_order)
+        totals["checked"] += found.checked
+    assert totals == {"lost": 0, "doubled": 0, "out_of_order": 0, "checked": 16 * 300}
     assert (await store.info("one")).count == 8 * 300
     assert sum([(await store.info(s)).count for s in many]) == 8 * 300
 
@@ -177,22 +168,14 @@ async def test_rewrites_racing_appends_account_for_every_acknowledged_append(
         for w in range(4)
     ] + [SPAWN.Process(target=procs.rewriter, args=(redis_url, RUN_PREFIX, tenant, 30, queue))]
     reports = collect(queue, processes)
-    rewrites = reports.pop("rewriter")
-    info = await store.info("busy")
-    final = await store.get_messages("busy")
-    acked_by_epoch = Counter(epoch for acks in reports.values() for (_, _, epoch, _) in acks)
-    # The rewrite that created epoch e+1 superseded: what epoch e's rewrite wrote, plus
-    # every append acknowledged in epoch e.
-    written_by = {0: 0} | {epoch: count for epoch, _, count in rewrites}
-    superseded_by = {epoch: superseded for epoch, superseded, _ in rewrites}
-    for epoch in range(info.epoch):
-        assert superseded_by[epoch + 1] == written_by[epoch] + acked_by_epoch[epoch], epoch
-    present = {m["content"] for m in final if m["role"] == "user"}
-    for writer_id, acks in reports.items():
-        for _, _, epoch, i in acks:
-            if epoch == info.epoch:
-                assert json.dumps({"w": writer_id, "i": i}) in present
-    assert len(final) == written_by[info.epoch] + acked_by_epoch[info.epoch]
+    rewrites = [
+        WriteResult(epoch=e, seq=0, count=c, superseded=sup)
+        for e, sup, c in reports.pop("rewriter")
+    ]
+    found = await audit(store, "busy", acks_of(reports, "busy"), rewrites, key_of=writer_key)
+    assert (found.lost, found.duplicated, found.out_of_order) == (0, 0, 0)
+    assert found.checked == 4 * 400
+    assert (await store.info("busy")).epoch == 30
 
 
 async def test_writer_killed_mid_stream_leaves_counters_consistent(

@@ -121,6 +121,20 @@ async def test_idempotency_window_rotates_but_keeps_recent_keys(
         assert (await store.info("s")).count == 7
 
 
+async def test_idempotency_keys_expire_with_the_retry_period(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Key generations expire: the current two periods after the last append, the old in one."""
+    short = settings.model_copy(update={"idempotency_window": 2, "idempotency_seconds": 60})
+    async with ContextStore.from_settings(short, tenant=tenant) as store:
+        for i in range(3):  # the third append rotates the first generation out
+            await store.append("s", USER, idempotency_key=f"k{i}")
+        keys = store.keys("s")
+        assert 60_000 < await raw_redis.pttl(keys.idem) <= 120_000
+        assert 0 < await raw_redis.pttl(keys.idem_old) <= 60_000
+        assert await raw_redis.pttl(keys.log) == -1  # the history itself does not expire
+
+
 async def test_append_if_refuses_stale_seq_and_writes_nothing(store: ContextStore) -> None:
     """append-if with a stale expected seq raises ConflictError carrying the current seq."""
     await store.append("s", USER)
@@ -393,20 +407,23 @@ async def test_view_cost_follows_the_budget_not_the_history(store: ContextStore)
 
 
 async def test_view_is_one_round_trip(store: ContextStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A view sends exactly one command to Redis (one EVALSHA)."""
-    await store.append_many("s", conversation(5))
-    await store.view("s", token_budget=100)  # the script is cached now
-    client = store._connection.client
-    sent: list[Any] = []
-    original = client.execute_command
+    """A view of an active session is one write to Redis, one MULTI/EXEC, and no script."""
+    await store.append_many("s", conversation(200))
+    await store.view("s", token_budget=2000)  # learns the session's mean entry size
+    connection_class = store._connection.client.connection_pool.connection_class
+    sent: list[bytes] = []
+    original = connection_class.send_packed_command
 
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        sent.append(args[0])
-        return await original(*args, **kwargs)
+    async def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        sent.append(b"".join(command) if isinstance(command, list) else command)
+        await original(self, command, check_health)
 
-    monkeypatch.setattr(client, "execute_command", counting)
-    await store.view("s", token_budget=100)
-    assert sent == ["EVALSHA"]
+    monkeypatch.setattr(connection_class, "send_packed_command", counting)
+    view = await store.view("s", token_budget=2000)
+    assert len(sent) == 1
+    assert sent[0].count(b"MULTI") == 1 and sent[0].count(b"EXEC") == 1
+    assert b"EVAL" not in sent[0]
+    assert view.stats.tokens <= 2000 and view.stats.dropped > 0
 
 
 async def test_view_repairs_an_unanswered_call(store: ContextStore) -> None:

@@ -4,14 +4,18 @@
 -- KEYS[2] meta   hash: epoch, seq, count, tokens, first/last id, watermark...
 -- KEYS[3] idem   hash: idempotency key -> "entry-id seq epoch" (current generation)
 -- KEYS[4] idem_old  the previous generation of idem
--- KEYS[5] keep   hash: entry id -> kind, for the messages every view sends
+-- KEYS[5] keep   hash: entry id -> header and copy of each message every view sends
 -- KEYS[6] view   the cached summary (only its TTL is touched here)
 -- ARGV[1] expected seq, or '' to append unconditionally
 -- ARGV[2] default TTL in ms, or '' (a TTL set on the session wins)
--- ARGV[3] idempotency window: keys per generation
+-- ARGV[3] idempotency window: keys per generation, at most
 -- ARGV[4] summary threshold: tokens past the watermark that make a summary due (0: never)
--- ARGV[5] n, the number of messages; then 6 per message:
---         data, tokens, idempotency key, kind ('s', 'p' or ''), preview ('' or JSON), preview tokens
+-- ARGV[5] n, the number of messages
+-- ARGV[6] idempotency period (ms): a generation also ends after this long, and
+--         each generation expires one period after it ends
+-- then 8 per message:
+--         data, tokens, idempotency key, kind ('s', 'p' or ''), call ids, result ids
+--         (joined by \x1f), preview ('' or JSON), preview tokens
 --
 -- Races it closes: a retry of an append that Redis applied before the
 -- connection broke is answered with the original entry (the idempotency
@@ -22,8 +26,10 @@
 -- Returns {'ok', due_generation, (entry id, seq, epoch, duplicate 0/1) per message}
 --      or {'conflict', current seq}.
 
+local PER = 8
+local FIRST = 6  -- ARGV index before the first message's arguments
 local meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
-                        'wm_tokens', 'sq', 'first_id')
+                        'wm_tokens', 'sq', 'first_id', 'idem_rot', 'idem_since')
 local seq = tonumber(meta[1]) or 0
 local epoch = tonumber(meta[2]) or 0
 local count = tonumber(meta[3]) or 0
@@ -34,9 +40,9 @@ local n = tonumber(ARGV[5])
 local seen = {}
 local fresh = 0
 for i = 1, n do
-  local key = ARGV[5 + (i - 1) * 6 + 3]
+  local key = ARGV[FIRST + (i - 1) * PER + 3]
   local prev = redis.call('HGET', KEYS[3], key)
-  if not prev then prev = redis.call('HGET', KEYS[4], key) end
+  if not prev and meta[10] then prev = redis.call('HGET', KEYS[4], key) end
   seen[i] = prev
   if not prev then fresh = fresh + 1 end
 end
@@ -46,11 +52,14 @@ if fresh > 0 and ARGV[1] ~= '' and tonumber(ARGV[1]) ~= seq then
 end
 
 local window = tonumber(ARGV[3])
+local period = tonumber(ARGV[6])
+local since = tonumber(meta[11]) or 0
+local rotated, since_changed = false, false
 local out = {'ok', 0}
 local first_id = meta[9]
 local last_id = nil
 for i = 1, n do
-  local base = 5 + (i - 1) * 6
+  local base = FIRST + (i - 1) * PER
   if seen[i] then
     local id, s, e = string.match(seen[i], '^(%S+) (%d+) (%d+)$')
     table.insert(out, id)
@@ -58,27 +67,39 @@ for i = 1, n do
     table.insert(out, tonumber(e))
     table.insert(out, 1)
   else
-    local t = tonumber(ARGV[base + 2])
-    local id
-    if ARGV[base + 5] ~= '' then
-      id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[base + 1], 't', t,
-                      'v', ARGV[base + 5], 'vt', ARGV[base + 6])
-    else
-      id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[base + 1], 't', t)
+    local data, t, kind = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 4]
+    local calls, results, preview = ARGV[base + 5], ARGV[base + 6], ARGV[base + 7]
+    local fields = {'m', data, 't', t}
+    if calls ~= '' then table.insert(fields, 'c') table.insert(fields, calls) end
+    if results ~= '' then table.insert(fields, 'r') table.insert(fields, results) end
+    if preview ~= '' then
+      table.insert(fields, 'v') table.insert(fields, preview)
+      table.insert(fields, 'vt') table.insert(fields, ARGV[base + 8])
     end
+    local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
     seq = seq + 1
     count = count + 1
     tokens = tokens + t
     if not first_id or first_id == '' then first_id = id end
     last_id = id
-    if idem_n >= window then
-      -- Rotate: keep between one and two windows of keys, in O(1).
-      if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('RENAME', KEYS[3], KEYS[4]) end
+    local now = tonumber(string.match(id, '^(%d+)'))
+    if idem_n >= window or now - since >= period then
+      -- Rotate in O(1): keys are remembered for at least one period (or one
+      -- window of appends), and at most two.
+      if idem_n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+        redis.call('RENAME', KEYS[3], KEYS[4])
+        redis.call('PEXPIRE', KEYS[4], period)
+        rotated = true
+      end
       idem_n = 0
+      since = now
+      since_changed = true
     end
     redis.call('HSET', KEYS[3], ARGV[base + 3], id .. ' ' .. seq .. ' ' .. epoch)
     idem_n = idem_n + 1
-    if ARGV[base + 4] ~= '' then redis.call('HSET', KEYS[5], id, ARGV[base + 4]) end
+    if kind ~= '' then
+      redis.call('HSET', KEYS[5], id, kind .. '\30' .. t .. '\30' .. calls .. '\30' .. results .. '\30' .. data)
+    end
     table.insert(out, id)
     table.insert(out, seq)
     table.insert(out, epoch)
@@ -90,6 +111,10 @@ if fresh == 0 then return out end
 
 redis.call('HSET', KEYS[2], 'seq', seq, 'epoch', epoch, 'count', count, 'tokens', tokens,
            'idem_n', idem_n, 'first_id', first_id, 'last_id', last_id)
+if rotated then redis.call('HSET', KEYS[2], 'idem_rot', '1') end
+if since_changed then redis.call('HSET', KEYS[2], 'idem_since', since) end
+-- The current generation goes too when the session falls quiet.
+redis.call('PEXPIRE', KEYS[3], 2 * period)
 
 local threshold = tonumber(ARGV[4])
 if threshold > 0 and meta[8] ~= '1' and tokens - (tonumber(meta[7]) or 0) >= threshold then
@@ -99,6 +124,6 @@ end
 
 local ttl = tonumber(meta[5]) or tonumber(ARGV[2])
 if ttl and ttl > 0 then
-  for k = 1, 6 do redis.call('PEXPIRE', KEYS[k], ttl) end
+  for _, k in ipairs({1, 2, 5, 6}) do redis.call('PEXPIRE', KEYS[k], ttl) end
 end
 return out

@@ -6,8 +6,9 @@
 -- ARGV[3] now in ms, or '' to use the Redis server's clock
 -- ARGV[4] expected seq, or ''
 -- ARGV[5] default TTL in ms, or ''
--- ARGV[6] n, the number of new messages; then 5 per message:
---         data, tokens, kind ('s', 'p' or ''), preview ('' or JSON), preview tokens
+-- ARGV[6] n, the number of new messages; then 7 per message:
+--         data, tokens, kind ('s', 'p' or ''), call ids, result ids (joined by \x1f),
+--         preview ('' or JSON), preview tokens
 --
 -- Races it closes: the write is refused unless the lease is still ours
 -- (same token, same fence, not expired), so a holder that paused past its
@@ -53,16 +54,20 @@ local out = {'ok', epoch, seq, n, superseded}
 local tokens = 0
 local first_id, last_id = '', ''
 for i = 1, n do
-  local base = 6 + (i - 1) * 5
-  local t = tonumber(ARGV[base + 2])
-  local id
-  if ARGV[base + 4] ~= '' then
-    id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[base + 1], 't', t,
-                    'v', ARGV[base + 4], 'vt', ARGV[base + 5])
-  else
-    id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[base + 1], 't', t)
+  local base = 6 + (i - 1) * 7
+  local data, t, kind = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3]
+  local calls, results, preview = ARGV[base + 4], ARGV[base + 5], ARGV[base + 6]
+  local fields = {'m', data, 't', t}
+  if calls ~= '' then table.insert(fields, 'c') table.insert(fields, calls) end
+  if results ~= '' then table.insert(fields, 'r') table.insert(fields, results) end
+  if preview ~= '' then
+    table.insert(fields, 'v') table.insert(fields, preview)
+    table.insert(fields, 'vt') table.insert(fields, ARGV[base + 7])
   end
-  if ARGV[base + 3] ~= '' then redis.call('HSET', KEYS[3], id, ARGV[base + 3]) end
+  local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
+  if kind ~= '' then
+    redis.call('HSET', KEYS[3], id, kind .. '\30' .. t .. '\30' .. calls .. '\30' .. results .. '\30' .. data)
+  end
   if i == 1 then first_id = id end
   last_id = id
   tokens = tokens + t

@@ -1,0 +1,1 @@
+"""Benchmarks of ctxstore against raw redis-py; run ``python -m bench.bench``."""
