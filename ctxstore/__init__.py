@@ -24,6 +24,8 @@ from ctxstore.errors import (
     SessionNotFoundError,
     StoreError,
     StoreUnavailableError,
+    SummarizerError,
+    SummarizerUnavailableError,
 )
 from ctxstore.lease import Clock, Lease
 from ctxstore.models import (
@@ -34,14 +36,17 @@ from ctxstore.models import (
     SessionInfo,
     SessionSummary,
     StoredMessage,
+    SummaryOutcome,
     ViewStats,
     WriteResult,
 )
 from ctxstore.settings import Settings
 from ctxstore.store import ContextStore
+from ctxstore.summarizers import AnthropicSummarizer, LocalSummarizer, Summarizer
 from ctxstore.tokens import TiktokenCounter, TokenCounter, count_message
 
 __all__ = [
+    "AnthropicSummarizer",
     "AppendResult",
     "Budget",
     "BudgetExceededError",
@@ -60,6 +65,7 @@ __all__ = [
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
+    "LocalSummarizer",
     "Message",
     "MessageTooLargeError",
     "RequestView",
@@ -71,6 +77,10 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "StoredMessage",
+    "Summarizer",
+    "SummarizerError",
+    "SummarizerUnavailableError",
+    "SummaryOutcome",
     "TiktokenCounter",
     "TokenCounter",
     "ViewStats",

@@ -108,6 +108,11 @@ def tenant_sessions_key(prefix: str, tenant: str) -> str:
     return f"{prefix}:{{{tenant}}}:sessions"
 
 
+def tenants_key(prefix: str) -> str:
+    """The set of every tenant that has written a session (for the worker's sweep)."""
+    return f"{prefix}:tenants"
+
+
 def tenant_key_pattern(prefix: str, tenant: str) -> str:
     """The ACL key pattern that covers every key of one tenant and nothing else.
 

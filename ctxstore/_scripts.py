@@ -43,23 +43,25 @@ class _Scripts:
         for name in (
             "append",
             "delete",
-            "info",
             "lease_acquire",
             "lease_release",
             "lease_renew",
             "pin",
             "rewrite",
+            "summary_commit",
+            "summary_request",
         ):
             setattr(self, name, Script.load(name))
 
     append: Script
     delete: Script
-    info: Script
     lease_acquire: Script
     lease_release: Script
     lease_renew: Script
     pin: Script
     rewrite: Script
+    summary_commit: Script
+    summary_request: Script
 
 
 SCRIPTS = _Scripts()

@@ -14,6 +14,8 @@ CtxstoreError                     root: catch this to catch everything ctxstore 
 ├── BudgetExceededError           what must be kept is larger than the token budget
 ├── SessionNotFoundError          the session has no messages and no metadata
 ├── CorruptEntryError             a stored entry that cannot be decoded
+├── SummarizerError               the summarizer failed (bad request, malformed answer)
+│   └── SummarizerUnavailableError  rate limited, overloaded, down or slow: retry later
 └── StoreError                    Redis failed in a way the caller cannot fix
     └── StoreUnavailableError     Redis could not be reached in the time allowed
 ```
@@ -40,6 +42,8 @@ __all__ = [
     "SessionNotFoundError",
     "StoreError",
     "StoreUnavailableError",
+    "SummarizerError",
+    "SummarizerUnavailableError",
 ]
 
 
@@ -201,6 +205,22 @@ class SessionNotFoundError(CtxstoreError):
 
 class CorruptEntryError(CtxstoreError):
     """A stored entry that cannot be decoded."""
+
+
+class SummarizerError(CtxstoreError):
+    """The summarizer failed in a way a retry will not fix."""
+
+
+class SummarizerUnavailableError(SummarizerError):
+    """The summarizer is rate limited, overloaded, down or too slow: retry later.
+
+    Attributes:
+        retry_after: Seconds the service asked us to wait, when it said.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
 
 
 class StoreError(CtxstoreError):

@@ -41,6 +41,7 @@ __all__ = [
     "SessionInfo",
     "SessionSummary",
     "StoredMessage",
+    "SummaryOutcome",
     "TextBlock",
     "ThinkingBlock",
     "ToolCall",
@@ -363,6 +364,18 @@ class SessionInfo:
         summary_covers: The entry id the cached summary covers up to.
         summary_tokens: The cached summary's tokens.
         tokens_unsummarized: Tokens after the summary watermark (the lag).
+        tokens_saved: Tokens the summary stands in for, minus its own.
+        summary_model: Who wrote the summary.
+        summary_due: True while a summary job is flagged (queued or running).
+        summary_runs: Summaries committed.
+        summary_failures: Summary jobs that failed.
+        summary_error: The last failure, or ``None`` since a success.
+        summary_last_at_ms: When the last job ended.
+        summary_last_seconds: How long it took.
+        summary_last_outcome: ``commit``, ``idle`` or ``failed``.
+        summary_generation: The generation of the last summary job flagged.
+        summary_due_since_ms: When the summary flag went up.
+        summary_failed_at_ms: When the last summary job failed.
     """
 
     tenant: str
@@ -379,6 +392,18 @@ class SessionInfo:
     summary_covers: str | None = None
     summary_tokens: int = 0
     tokens_unsummarized: int = 0
+    tokens_saved: int = 0
+    summary_model: str | None = None
+    summary_due: bool = False
+    summary_runs: int = 0
+    summary_failures: int = 0
+    summary_error: str | None = None
+    summary_last_at_ms: int | None = None
+    summary_last_seconds: float | None = None
+    summary_last_outcome: str | None = None
+    summary_generation: int = 0
+    summary_due_since_ms: int | None = None
+    summary_failed_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,3 +476,30 @@ class RequestView:
 
     messages: list[dict[str, Any]]
     stats: ViewStats
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryOutcome:
+    """What a summary job did.
+
+    Attributes:
+        status: ``"committed"``, ``"idle"`` (nothing to cover yet), ``"stale"``
+            (a replace, clear or other commit came between: thrown away) or
+            ``"lease_lost"`` (the lease expired or a writer took it).
+        covers_upto: The entry id the summary now covers, when committed.
+        entries: Messages the new summary covers that the last one did not.
+        input_tokens: Tokens sent to the summarizer (history and previous summary).
+        summary_tokens: The new summary's tokens.
+        chunks: Summarizer calls made.
+        seconds: How long the job took.
+        next_generation: When more is already due, the job to queue next (else 0).
+    """
+
+    status: str
+    covers_upto: str | None = None
+    entries: int = 0
+    input_tokens: int = 0
+    summary_tokens: int = 0
+    chunks: int = 0
+    seconds: float = 0.0
+    next_generation: int = 0

@@ -36,6 +36,8 @@ __all__ = [
     "entry_order",
     "plan_view",
     "result_ids",
+    "summary_chunks",
+    "summary_cut",
 ]
 
 ENTRY_PLACEHOLDER = "@@ctxstore-entry@@"
@@ -470,3 +472,68 @@ def _already_placed(
         else:
             open_calls = frozenset(calls)
     return True
+
+
+def summary_cut(entries: Sequence[Entry], keep_tokens: int) -> int:
+    """How many of ``entries`` (oldest first, all after the watermark) a summary covers.
+
+    At least ``keep_tokens`` stay raw at the end, and the cut never falls
+    inside a tool exchange: a message that makes calls and every message
+    answering them end up on the same side. Returns 0 when nothing may be
+    covered yet.
+    """
+    used = 0
+    cut = len(entries)
+    while cut > 0 and used < keep_tokens:
+        cut -= 1
+        used += entries[cut].tokens
+    if used < keep_tokens:
+        return 0
+    earliest = _earliest_callers(entries)
+    while cut > 0 and earliest[cut] < cut:
+        cut = earliest[cut]  # keep the whole exchange raw
+    return cut
+
+
+def summary_chunks(entries: Sequence[Entry], limit: int) -> list[list[Entry]]:
+    """Split ``entries`` into runs of at most ``limit`` tokens, between exchanges when possible.
+
+    A run ends where no exchange spans the boundary; an exchange larger than
+    ``limit`` gets a run of its own (split only if a single message is over).
+    """
+    earliest = _earliest_callers(entries)
+    chunks: list[list[Entry]] = []
+    start = 0
+    while start < len(entries):
+        end = start
+        used = 0
+        safe = start  # the last end at which no exchange is cut
+        while end < len(entries) and (end == start or used + entries[end].tokens <= limit):
+            used += entries[end].tokens
+            end += 1
+            if earliest[end] >= end:
+                safe = end
+        stop = safe if safe > start else end
+        chunks.append(list(entries[start:stop]))
+        start = stop
+    return chunks
+
+
+def _earliest_callers(entries: Sequence[Entry]) -> list[int]:
+    """For each index i, the earliest calling entry of any result at or after i.
+
+    ``len(entries)`` where there is none; the list has one extra slot at the end.
+    """
+    owner: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        for cid in entry.calls:
+            owner.setdefault(cid, index)
+    earliest = [len(entries)] * (len(entries) + 1)
+    for index in range(len(entries) - 1, -1, -1):
+        low = earliest[index + 1]
+        for rid in entries[index].results:
+            caller = owner.get(rid)
+            if caller is not None and caller < low:
+                low = caller
+        earliest[index] = low
+    return earliest

@@ -6,9 +6,10 @@ it is called.
 
 from __future__ import annotations
 
-from typing import Annotated
+import socket
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ctxstore._keys import validate_id, validate_prefix
@@ -65,10 +66,37 @@ class Settings(BaseSettings):
             views as a preview (head and tail) plus a retrieval note; the
             full text stays in the history. ``0`` never offloads.
         offload_preview_tokens: The size of such a preview.
+        summary_trigger_tokens: A summary is due when this many tokens have
+            been appended past the summary watermark; ``0`` turns background
+            summaries off.
+        summary_keep_tokens: The newest tokens a summary leaves raw (the
+            tail that views send as it is).
+        summary_chunk_tokens: The most tokens sent to the summarizer in one
+            call; longer inputs are summarized in chunks, each folded into
+            the running summary.
+        summary_max_tokens: The longest summary, in tokens.
+        summary_role: The role of the summary message in views: ``user`` (so
+            a cached system prompt stays byte-stable) or ``system``.
+        summary_retry_seconds: After a failed summary, the sweep waits this
+            long before it queues the session again.
+        anthropic_api_key: With a key, summaries come from Anthropic's API;
+            without one, from the local extractive summarizer. Also read
+            from ``ANTHROPIC_API_KEY``.
+        summary_model: The Anthropic model that writes summaries.
+        summary_timeout: Seconds one summarizer call may take.
+        queue_url: The Redis of the worker queue (arq cannot use Redis
+            Cluster); the store's Redis by default.
+        queue_name: The arq queue the summary jobs go to.
+        worker_name: This worker's name, in its health-check key; the host
+            name by default.
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="CTXSTORE_", extra="ignore", validate_default=True, frozen=True
+        env_prefix="CTXSTORE_",
+        extra="ignore",
+        validate_default=True,
+        frozen=True,
+        populate_by_name=True,
     )
 
     redis_url: str | None = None
@@ -95,6 +123,21 @@ class Settings(BaseSettings):
     view_chunk: Annotated[int, Field(gt=0, le=10_000)] = 64
     offload_threshold_tokens: Annotated[int, Field(ge=0)] = 2_500
     offload_preview_tokens: PositiveInt = 500
+    summary_trigger_tokens: Annotated[int, Field(ge=0)] = 32_000
+    summary_keep_tokens: Annotated[int, Field(ge=0)] = 8_000
+    summary_chunk_tokens: Annotated[int, Field(ge=1_000)] = 60_000
+    summary_max_tokens: Annotated[int, Field(ge=64, le=32_000)] = 2_000
+    summary_role: Literal["user", "system"] = "user"
+    summary_retry_seconds: Annotated[float, Field(ge=0)] = 600.0
+    anthropic_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("CTXSTORE_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY"),
+    )
+    summary_model: str = "claude-haiku-4-5"
+    summary_timeout: PositiveFloat = 60.0
+    queue_url: str | None = None
+    queue_name: str = "ctxstore:summaries"
+    worker_name: str = Field(default_factory=socket.gethostname)
 
     @field_validator("key_prefix")
     @classmethod
@@ -105,6 +148,15 @@ class Settings(BaseSettings):
     @classmethod
     def _check_tenant(cls, value: str) -> str:
         return validate_id(value, "tenant")
+
+    @model_validator(mode="after")
+    def _check_summary_window(self) -> Settings:
+        if 0 < self.summary_trigger_tokens <= self.summary_keep_tokens:
+            raise ValueError(
+                "summary_trigger_tokens must be larger than summary_keep_tokens: "
+                "a summary must find something to cover once it is due"
+            )
+        return self
 
     @classmethod
     def from_url(cls, url: str, **overrides: object) -> Settings:

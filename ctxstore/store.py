@@ -14,6 +14,7 @@ and ids are validated before any key is formatted.
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -31,6 +32,7 @@ from ctxstore.errors import (
     InvalidInputError,
     InvalidMessageError,
     SessionNotFoundError,
+    SummarizerError,
 )
 from ctxstore.lease import Clock, Lease, LeaseKind
 from ctxstore.models import (
@@ -40,16 +42,27 @@ from ctxstore.models import (
     SessionInfo,
     SessionSummary,
     StoredMessage,
+    SummaryOutcome,
     ViewStats,
     WriteResult,
     check_message,
 )
 from ctxstore.offload import make_preview
-from ctxstore.policies import Entry, SummaryText, entry_order, plan_view
+from ctxstore.policies import (
+    Entry,
+    SummaryText,
+    entry_order,
+    plan_view,
+    summary_chunks,
+    summary_cut,
+)
 from ctxstore.settings import Settings
-from ctxstore.tokens import TiktokenCounter, TokenCounter, count_message
+from ctxstore.summarizers import Summarizer
+from ctxstore.tokens import MESSAGE_OVERHEAD, TiktokenCounter, TokenCounter, count_message
 
 __all__ = ["ContextStore", "SummaryDue"]
+
+log = logging.getLogger(__name__)
 
 SummaryDue = Callable[[str, str, int], Awaitable[None]]
 """Called as ``(tenant, session, generation)`` when an append makes a summary due."""
@@ -93,6 +106,8 @@ class ContextStore:
         self._connection = Connection(client, self.settings, self.tenant)
         self._prefix = self.settings.key_prefix
         self._index = _keys.tenant_sessions_key(self._prefix, self.tenant)
+        self._tenants = _keys.tenants_key(self._prefix)
+        self._queue: Any = None  # the default SummaryQueue, opened on first use
         self._indexed: dict[str, float] = {}
         self._means: dict[str, float] = {}
         # Idempotency keys made here: a random per-store prefix and a counter
@@ -130,8 +145,27 @@ class ContextStore:
         settings = settings.model_copy(update={"redis_url": url})
         return cls.from_settings(settings, tenant=tenant, **kwargs)
 
+    def for_tenant(self, tenant: str) -> ContextStore:
+        """A store for another tenant on the same connections (workers serve every tenant).
+
+        Closing either store closes the shared connections.
+        """
+        other = ContextStore(
+            self._connection.client,
+            tenant=tenant,
+            settings=self.settings,
+            counter=self.counter,
+            clock=self.clock,
+            on_summary_due=self.on_summary_due,
+        )
+        other._queue = self._queue
+        return other
+
     async def aclose(self) -> None:
-        """Close the store's connections."""
+        """Close the store's connections (and its summary queue, if it opened one)."""
+        if self._queue is not None:
+            await self._queue.aclose()
+            self._queue = None
         await self._connection.aclose()
 
     async def __aenter__(self) -> ContextStore:
@@ -233,7 +267,7 @@ class ContextStore:
                 SCRIPTS.append,
                 script_keys,
                 tuple(args),
-                lambda pipe: pipe.zadd(self._index, {session: now_ms}),
+                lambda pipe: self._touch_index(pipe, session, now_ms),
                 session=session,
             )
         else:
@@ -260,8 +294,8 @@ class ContextStore:
             )
             for i in range(2, len(reply), 4)
         ]
-        if due and self.on_summary_due is not None:
-            await self.on_summary_due(self.tenant, session, due)
+        if due:
+            await self._summary_due(session, due)
         return results
 
     def _idempotency_keys(self, session: str, given: Sequence[str] | None, count: int) -> list[str]:
@@ -448,6 +482,11 @@ class ContextStore:
             entries_read=snap.read,
         )
         stats.compacted = bool(stats.dropped or stats.offloaded or stats.summary_used)
+        if stats.dropped and not snap.summary_due and self._summary_worth_it(snap):
+            # Truncated with no summary on the way: make sure one is queued.
+            gen = await self.request_summary(session)
+            if gen:
+                await self._summary_due(session, gen)
         return RequestView(plan.messages, stats)
 
     async def get_messages_for_request(
@@ -471,7 +510,7 @@ class ContextStore:
             count = self._tail_guess(session, budget)
             meta, keep, summary_raw, rows = await self._connection.transaction(
                 [
-                    ("HMGET", keys.meta, "epoch", "count", "tokens", "wm"),
+                    ("HMGET", keys.meta, "epoch", "count", "tokens", "wm", "wm_tokens", "sq"),
                     ("HGETALL", keys.keep),
                     ("HMGET", keys.view, "text", "tokens", "covers", "epoch"),
                     ("XREVRANGE", keys.log, "+", "-", "COUNT", count),
@@ -480,7 +519,11 @@ class ContextStore:
                 key=keys.log,
             )
             snap = _Snapshot(
-                epoch=int(meta[0] or 0), count=int(meta[1] or 0), tokens=int(meta[2] or 0)
+                epoch=int(meta[0] or 0),
+                count=int(meta[1] or 0),
+                tokens=int(meta[2] or 0),
+                unsummarized=int(meta[2] or 0) - int(meta[4] or 0),
+                summary_due=meta[5] == b"1",
             )
             if snap.count:
                 self._means[session] = snap.tokens / snap.count
@@ -489,7 +532,9 @@ class ContextStore:
                 key=lambda e: entry_order(e.entry_id),
             )
             snap.read = len(snap.protected)
-            snap.summary = _summary(summary_raw, meta)
+            snap.summary = _summary(
+                summary_raw, meta[0] or b"0", meta[3], self.settings.summary_role
+            )
             watermark = entry_order(snap.summary.covers_upto) if snap.summary else None
             protected_ids = {e.entry_id for e in snap.protected}
             left = budget - sum(e.tokens for e in snap.protected)
@@ -688,7 +733,7 @@ class ContextStore:
                 SCRIPTS.rewrite,
                 (keys.log, keys.meta, keys.keep, keys.view, keys.lease),
                 tuple(args),
-                lambda pipe: pipe.zadd(self._index, {session: now_ms}),
+                lambda pipe: self._touch_index(pipe, session, now_ms),
                 session=session,
             )
         except CtxstoreError:
@@ -717,24 +762,180 @@ class ContextStore:
             entry_ids=tuple(_text(r) for r in reply[5:]),
         )
 
+    # -- summaries (the worker's job) -------------------------------------------
+
+    async def summarize(self, session: str, summarizer: Summarizer) -> SummaryOutcome:
+        """Bring the session's cached summary up to date: the job a worker runs.
+
+        Takes the session's ``summary`` lease (raising LeaseHeldError if a
+        writer or another worker has it), reads the watermark W and epoch E,
+        covers the entries after W up to a cut that leaves
+        ``summary_keep_tokens`` raw and never splits a tool exchange, asks
+        the summarizer (in chunks of ``summary_chunk_tokens``, each folded
+        into the running summary), and commits only if the lease, the epoch
+        and W are unchanged. The raw stream is never rewritten.
+
+        Raises:
+            LeaseHeldError: Someone else holds the lease; try again later.
+            SummarizerUnavailableError: The summarizer asked to be retried
+                later (recorded on the session too).
+            SummarizerError: The summarizer failed for good (recorded).
+        """
+        keys = self.keys(session)
+        started = time.monotonic()
+        lease = await self.lease(session, kind="summary", wait_s=0)
+        try:
+            async with lease.kept_alive():
+                return await self._summarize(session, keys, summarizer, lease, started)
+        finally:
+            await lease.release()
+
+    async def _summarize(
+        self,
+        session: str,
+        keys: _keys.SessionKeys,
+        summarizer: Summarizer,
+        lease: Lease,
+        started: float,
+    ) -> SummaryOutcome:
+        settings = self.settings
+        meta, view_raw, protected = await self._connection.transaction(
+            [
+                ("HMGET", keys.meta, "epoch", "wm", "wm_tokens"),
+                ("HMGET", keys.view, "text", "tokens", "covers", "epoch"),
+                ("HKEYS", keys.keep),
+            ],
+            session=session,
+            key=keys.meta,
+        )
+        job = _Job(session, keys, _text(meta[0] or b"0"), _text(meta[1] or b""), lease, started)
+        previous = _summary(view_raw, meta[0] or b"0", meta[1]) if job.watermark else None
+        # Without a usable summary, start over from the first message.
+        entries = [
+            e async for e in self._entries_after(session, keys, job.watermark if previous else "")
+        ]
+        cut = summary_cut(entries, settings.summary_keep_tokens)
+        if cut == 0:
+            reply = await self._commit_summary(job, "idle", ())
+            return job.outcome("idle", next_generation=_next_generation(reply))
+        covered = entries[:cut]
+        skip = {_text(k) for k in protected}  # sent by every view anyway
+        to_send = [e for e in covered if e.entry_id not in skip]
+        text = _summary_body(previous)
+        input_tokens = previous.tokens if previous is not None else 0
+        chunks = summary_chunks(to_send, max(1_000, settings.summary_chunk_tokens - input_tokens))
+        try:
+            for chunk in chunks:
+                # Large tool results go in as their preview: head and tail.
+                messages = [e.preview or e.message for e in chunk]
+                input_tokens += sum(e.cheapest for e in chunk)
+                text = await summarizer.summarize(
+                    text, messages, max_tokens=settings.summary_max_tokens
+                )
+        except SummarizerError as exc:
+            await self._commit_summary(job, "failed", (" ".join(str(exc).split())[:500],))
+            raise
+        summary_tokens = self.counter.count(text or "") + MESSAGE_OVERHEAD + 4  # tags, framing
+        wm_tokens = (int(meta[2] or 0) if previous else 0) + sum(e.tokens for e in covered)
+        covers = covered[-1].entry_id
+        reply = await self._commit_summary(
+            job,
+            "commit",
+            (covers, wm_tokens, text, summary_tokens, summarizer.name, len(covered)),
+        )
+        status = _text(reply[0])
+        done = dict(
+            entries=len(covered),
+            input_tokens=input_tokens,
+            summary_tokens=summary_tokens,
+            chunks=len(chunks),
+        )
+        if status != "ok":
+            return job.outcome("lease_lost" if status == "lease_lost" else "stale", **done)
+        return job.outcome(
+            "committed", covers_upto=covers, next_generation=_next_generation(reply), **done
+        )
+
+    async def _entries_after(
+        self, session: str, keys: _keys.SessionKeys, after: str
+    ) -> AsyncIterator[Entry]:
+        low = "(" + after if after else "-"
+        while True:
+            (rows,) = await self._connection.transaction(
+                [("XRANGE", keys.log, low, "+", "COUNT", self.settings.history_page_size)],
+                session=session,
+                key=keys.log,
+            )
+            for row in rows:
+                yield self._entry(session, row)
+            if len(rows) < self.settings.history_page_size:
+                return
+            low = "(" + _text(rows[-1][0])
+
+    async def _commit_summary(self, job: _Job, mode: str, extra: tuple[Any, ...]) -> Any:
+        """Run summary_commit.lua for ``job`` in ``mode`` (commit, idle or failed)."""
+        return await self._connection.script(
+            SCRIPTS.summary_commit,
+            (job.keys.meta, job.keys.view, job.keys.lease),
+            (
+                mode,
+                job.lease.token,
+                job.lease.fence,
+                job.lease.now_arg(),
+                job.epoch,
+                job.watermark,
+                self._summary_threshold(),
+                int((time.monotonic() - job.started) * 1000),
+                *extra,
+            ),
+            session=job.session,
+        )
+
+    async def request_summary(self, session: str, *, force: bool = False) -> int:
+        """Flag the session for a summary; return the job generation to queue (0: none).
+
+        Args:
+            session: The session id.
+            force: Raise the flag even if it is up (the sweep does, for a job
+                that was lost or failed long enough ago).
+        """
+        keys = self.keys(session)
+        gen = await self._connection.script(
+            SCRIPTS.summary_request,
+            (keys.meta,),
+            ("" if self.clock is None else self.clock.now_ms(), "1" if force else "0"),
+            session=session,
+        )
+        return int(gen)
+
     # -- sessions --------------------------------------------------------------
 
     async def info(self, session: str) -> SessionInfo:
-        """The session's counters, times, pins and summary state."""
+        """The session's counters, times, pins and summary state (one snapshot)."""
         keys = self.keys(session)
-        meta_raw, keep_raw, view_raw, pttl = await self._connection.script(
-            SCRIPTS.info, (keys.meta, keys.keep, keys.view), (), session=session
+        meta_raw, keep_raw, view_raw, pttl = await self._connection.transaction(
+            [
+                ("HGETALL", keys.meta),
+                ("HGETALL", keys.keep),
+                ("HMGET", keys.view, "covers", "tokens", "epoch", "model"),
+                ("PTTL", keys.meta),
+            ],
+            session=session,
+            key=keys.meta,
         )
         meta = _pairs(meta_raw)
         if "seq" not in meta:
             return SessionInfo(self.tenant, session, exists=False)
-        kinds = _pairs(keep_raw)
+        pinned = [
+            _text(keep_raw[i]) for i in range(0, len(keep_raw), 2) if keep_raw[i + 1][:1] == b"p"
+        ]
         ttl = meta.get("ttl")
         tokens = int(meta.get("tokens", 0))
+        wm_tokens = int(meta.get("wm_tokens") or 0)
         first, last = meta.get("first_id") or None, meta.get("last_id") or None
-        covers = (
-            _text(view_raw[0]) if view_raw[0] and _text(view_raw[2]) == meta.get("epoch") else None
-        )
+        valid = bool(view_raw[0]) and _text(view_raw[2]) == meta.get("epoch", "0")
+        covers = _text(view_raw[0]) if valid and _text(view_raw[0]) == meta.get("wm") else None
+        summary_tokens = int(view_raw[1]) if covers else 0
         return SessionInfo(
             tenant=self.tenant,
             session=session,
@@ -746,10 +947,22 @@ class ContextStore:
             first_at_ms=entry_order(first)[0] if first else None,
             last_at_ms=entry_order(last)[0] if last else None,
             ttl_seconds=int(ttl) // 1000 if ttl else (int(pttl) // 1000 if int(pttl) > 0 else None),
-            pinned=tuple(sorted((i for i, k in kinds.items() if k[:1] == "p"), key=entry_order)),
+            pinned=tuple(sorted(pinned, key=entry_order)),
             summary_covers=covers,
-            summary_tokens=int(view_raw[1]) if covers else 0,
-            tokens_unsummarized=tokens - int(meta.get("wm_tokens", 0) or 0),
+            summary_tokens=summary_tokens,
+            tokens_unsummarized=tokens - wm_tokens,
+            tokens_saved=max(0, wm_tokens - summary_tokens) if covers else 0,
+            summary_model=_text(view_raw[3]) if covers and view_raw[3] else None,
+            summary_due=meta.get("sq") == "1",
+            summary_runs=int(meta.get("sum_runs", 0)),
+            summary_failures=int(meta.get("sum_failures", 0)),
+            summary_error=meta.get("sum_err") or None,
+            summary_last_at_ms=int(meta["sum_at"]) if meta.get("sum_at") else None,
+            summary_last_seconds=int(meta["sum_ms"]) / 1000 if meta.get("sum_ms") else None,
+            summary_last_outcome=meta.get("sum_outcome") or None,
+            summary_generation=int(meta.get("sgen", 0)),
+            summary_due_since_ms=int(meta["sq_at"]) if meta.get("sq_at") else None,
+            summary_failed_at_ms=int(meta["sum_fail_at"]) if meta.get("sum_fail_at") else None,
         )
 
     async def list_sessions(
@@ -845,6 +1058,11 @@ class ContextStore:
 
     # -- helpers ---------------------------------------------------------------
 
+    def _touch_index(self, pipe: Any, session: str, now_ms: int) -> None:
+        """Queue the index updates: the session's last activity, and the tenant's existence."""
+        pipe.zadd(self._index, {session: now_ms})
+        pipe.sadd(self._tenants, self.tenant)
+
     def _index_due(self, session: str) -> bool:
         """True when this process should refresh the session in the tenant's index.
 
@@ -866,8 +1084,35 @@ class ContextStore:
         ttl = self.settings.session_ttl_seconds
         return "" if ttl is None else ttl * 1000
 
+    def _summary_worth_it(self, snap: _Snapshot) -> bool:
+        """True when a summary job would find something to cover."""
+        return (
+            self._summary_threshold() > 0 and snap.unsummarized > self.settings.summary_keep_tokens
+        )
+
+    async def _summary_due(self, session: str, generation: int) -> None:
+        """Hand a due summary to the queue; a failure there must not fail the write.
+
+        Without an ``on_summary_due``, the store queues it on the settings'
+        queue itself (opening the arq pool on first use).
+        """
+        try:
+            if self.on_summary_due is not None:
+                await self.on_summary_due(self.tenant, session, generation)
+                return
+            if self._queue is None:
+                from ctxstore.jobs import SummaryQueue
+
+                self._queue = await SummaryQueue.connect(self.settings)
+            if not await self._queue.enqueue(self.tenant, session, generation):
+                log.warning(
+                    "arq already had the summary job %s/%s:%d", self.tenant, session, generation
+                )
+        except Exception:
+            log.warning("could not queue the summary of %s/%s", self.tenant, session, exc_info=True)
+
     def _summary_threshold(self) -> int:
-        return 0
+        return self.settings.summary_trigger_tokens
 
     def _wall_ms(self) -> int:
         return self.clock.now_ms() if self.clock is not None else int(time.time() * 1000)
@@ -883,11 +1128,32 @@ class _Snapshot:
     epoch: int
     count: int
     tokens: int
+    unsummarized: int = 0
+    summary_due: bool = False
     protected: list[Entry] = field(default_factory=list)
     summary: SummaryText | None = None
     tail: list[Entry] = field(default_factory=list)
     complete: bool = False
     read: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A summary job in progress: what it read, and under which lease."""
+
+    session: str
+    keys: _keys.SessionKeys
+    epoch: str
+    watermark: str
+    lease: Lease
+    started: float
+
+    def outcome(self, status: str, **fields: Any) -> SummaryOutcome:
+        return SummaryOutcome(status, seconds=time.monotonic() - self.started, **fields)
+
+
+def _next_generation(reply: Any) -> int:
+    return int(reply[1]) if _text(reply[0]) == "ok" and len(reply) > 1 else 0
 
 
 def _ids(joined: bytes | None) -> tuple[str, ...]:
@@ -900,13 +1166,26 @@ def _protected(entry_id: str, value: bytes) -> Entry:
     return Entry(entry_id, int(tokens), data, _ids(calls), _ids(results), kind.decode())
 
 
-def _summary(raw: list[Any], meta: list[Any]) -> SummaryText | None:
-    """The cached summary, if it belongs to this epoch and covers up to the watermark."""
-    text, tokens, covers, epoch = raw
-    if not text or epoch != (meta[0] or b"0") or covers != meta[3]:
+def _summary(
+    raw: list[Any], epoch: bytes, watermark: bytes | None, role: str = "user"
+) -> SummaryText | None:
+    """The cached summary, if it belongs to ``epoch`` and covers up to ``watermark``.
+
+    It is wrapped in ``<summary>`` tags so the model can tell it from user text.
+    """
+    text, tokens, covers, summary_epoch = raw
+    if not text or summary_epoch != epoch or covers != watermark:
         return None
     body = "<summary>\n" + text.decode() + "\n</summary>"
-    return SummaryText({"role": "user", "content": body}, int(tokens), covers.decode())
+    return SummaryText({"role": role, "content": body}, int(tokens), covers.decode())
+
+
+def _summary_body(summary: SummaryText | None) -> str | None:
+    """The text inside a wrapped summary (what the summarizer folds into)."""
+    if summary is None:
+        return None
+    body = str(summary.message["content"])
+    return body.removeprefix("<summary>\n").removesuffix("\n</summary>")
 
 
 def _check_seq(expected_seq: object) -> None:

@@ -3,15 +3,19 @@
 - :class:`ManualClock`: the time leases use, moved by hand, so a test can
   expire a lease without sleeping.
 - :class:`WordCounter`: a token counter that counts words; fast, predictable.
+- :class:`FakeSummarizer`: a deterministic summarizer that records its
+  calls, and can be made to wait (for a test to act mid-job) or to fail.
 - :func:`audit`: checks a session's history against what its writers were
   told (nothing lost, nothing doubled, each writer's order kept).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +25,7 @@ if TYPE_CHECKING:
     from ctxstore.models import WriteResult
     from ctxstore.store import ContextStore
 
-__all__ = ["Ack", "Audit", "ManualClock", "WordCounter", "audit"]
+__all__ = ["Ack", "Audit", "FakeSummarizer", "ManualClock", "WordCounter", "audit"]
 
 
 class ManualClock:
@@ -49,6 +53,55 @@ class WordCounter:
     def count(self, text: str) -> int:
         """The number of words in ``text``."""
         return len(text.split())
+
+
+class FakeSummarizer:
+    """A summarizer for tests: deterministic output, recorded calls, scripted trouble.
+
+    Its summary lists, for every message it saw, the role and the first
+    words, after the previous summary's lines: a test can check exactly
+    which messages a summary covers.
+
+    Args:
+        fail: Errors to raise, one per call, before it starts succeeding
+            (e.g. ``[SummarizerUnavailableError("429")]``).
+        gate: If given, each call waits for this event (a test acts mid-job).
+        name: The model name it reports.
+
+    Attributes:
+        calls: ``(previous, messages)`` of every call, in order.
+        started: Set when a call begins (before it waits on ``gate``).
+    """
+
+    def __init__(
+        self,
+        *,
+        fail: Iterable[BaseException] = (),
+        gate: asyncio.Event | None = None,
+        name: str = "fake",
+    ) -> None:
+        self.name = name
+        self.calls: list[tuple[str | None, list[dict[str, Any]]]] = []
+        self.started = asyncio.Event()
+        self._fail = list(fail)
+        self._gate = gate
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[dict[str, Any]], *, max_tokens: int
+    ) -> str:
+        """Return a line per message after the previous summary's lines."""
+        self.calls.append((previous, list(messages)))
+        self.started.set()
+        if self._gate is not None:
+            await self._gate.wait()
+        if self._fail:
+            raise self._fail.pop(0)
+        lines = [previous] if previous else []
+        for message in messages:
+            content = message.get("content")
+            text = content if isinstance(content, str) else json.dumps(content)
+            lines.append(f"{message.get('role')}: {' '.join(str(text).split()[:6])}")
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)

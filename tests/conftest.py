@@ -46,16 +46,18 @@ def redis_url() -> Iterator[str]:
 
 
 async def _remove_keys(url: str, prefix: str) -> None:
+    """Delete this run's keys: its own, and arq's for this run's job ids."""
     client = Redis.from_url(url)
     try:
-        batch = []
-        async for key in client.scan_iter(match=f"{prefix}*", count=1000):
-            batch.append(key)
-            if len(batch) == 500:
+        for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
+            batch = []
+            async for key in client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) == 500:
+                    await client.delete(*batch)
+                    batch.clear()
+            if batch:
                 await client.delete(*batch)
-                batch.clear()
-        if batch:
-            await client.delete(*batch)
     finally:
         await client.aclose()
 
@@ -69,7 +71,12 @@ def tenant() -> str:
 @pytest.fixture
 def settings(redis_url: str) -> Settings:
     """Settings on the test Redis, with this run's key prefix."""
-    return Settings(redis_url=redis_url, key_prefix=RUN_PREFIX, retry_attempts=2)
+    return Settings(
+        redis_url=redis_url,
+        key_prefix=RUN_PREFIX,
+        queue_name=f"{RUN_PREFIX}:summaries",
+        retry_attempts=2,
+    )
 
 
 @pytest.fixture

@@ -11,7 +11,13 @@ from ctxstore import ConflictError, ContextStore, Settings
 
 def settings_for(url: str, prefix: str) -> Settings:
     """Settings for a child process on the test Redis and prefix."""
-    return Settings(redis_url=url, key_prefix=prefix, retry_attempts=8, retry_base_delay=0.01)
+    return Settings(
+        redis_url=url,
+        key_prefix=prefix,
+        queue_name=f"{prefix}:summaries",
+        retry_attempts=8,
+        retry_base_delay=0.01,
+    )
 
 
 def writer(

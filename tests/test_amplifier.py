@@ -26,6 +26,7 @@ def _store_env(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
     """mount() reads settings from the environment: point it at the test Redis."""
     monkeypatch.setenv("CTXSTORE_REDIS_URL", redis_url)
     monkeypatch.setenv("CTXSTORE_KEY_PREFIX", RUN_PREFIX)
+    monkeypatch.setenv("CTXSTORE_QUEUE_NAME", f"{RUN_PREFIX}:summaries")
 
 
 class TestContextBehavior(ContextBehaviorTests):

@@ -118,8 +118,13 @@ redis.call('PEXPIRE', KEYS[3], 2 * period)
 
 local threshold = tonumber(ARGV[4])
 if threshold > 0 and meta[8] ~= '1' and tokens - (tonumber(meta[7]) or 0) >= threshold then
-  redis.call('HSET', KEYS[2], 'sq', '1')
-  out[2] = redis.call('HINCRBY', KEYS[2], 'sgen', 1)
+  -- Generations are times (made strictly increasing), so a job id is never
+  -- reused, not even by a session deleted and written again (arq refuses ids
+  -- it still keeps a result for).
+  local now = tonumber(string.match(last_id, '^(%d+)'))
+  local gen = math.max((tonumber(redis.call('HGET', KEYS[2], 'sgen')) or 0) + 1, now)
+  redis.call('HSET', KEYS[2], 'sq', '1', 'sq_at', now, 'sgen', gen)
+  out[2] = gen
 end
 
 local ttl = tonumber(meta[5]) or tonumber(ARGV[2])

@@ -1,0 +1,68 @@
+-- summary_commit: record a summary job's outcome; on success, swap the summary in.
+--
+-- KEYS[1] meta   hash: epoch, tokens, watermark (wm, wm_tokens), summary flags
+-- KEYS[2] view   hash: the cached summary {text, tokens, covers, epoch, model, at}
+-- KEYS[3] lease  hash: the lease holder's token, fence and expiry
+-- ARGV[1] mode: 'commit', 'idle' (nothing to summarize) or 'failed'
+-- ARGV[2] our lease token
+-- ARGV[3] our fence
+-- ARGV[4] now in ms, or '' to use the Redis server's clock
+-- ARGV[5] the epoch the job read
+-- ARGV[6] the watermark the job read ('' for none)
+-- ARGV[7] summary threshold (tokens past the watermark that make the next summary due)
+-- ARGV[8] the job's duration in ms
+-- commit: ARGV[9] new watermark, ARGV[10] its wm_tokens, ARGV[11] summary text,
+--         ARGV[12] its tokens, ARGV[13] model, ARGV[14] entries covered
+-- failed: ARGV[9] the error, one line
+--
+-- Races it closes: a summary is swapped in only if the lease is still ours
+-- (token, fence, not expired), the epoch is the one the job read (no replace
+-- or clear came between) and the watermark is the one it read (no other
+-- commit advanced it), so there is exactly one commit per coverage point and
+-- a stale summary never replaces the history it did not read. The raw stream
+-- is never touched. Appends that came during the job stay past the new
+-- watermark; if they make another summary due, the flag stays up and the
+-- next generation is returned for the caller to queue.
+--
+-- Returns {'ok', next generation or 0}, {'lease_lost'}, or {'stale', why}
+local now = tonumber(ARGV[4])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local lease = redis.call('HMGET', KEYS[3], 'token', 'fence', 'expires')
+if lease[1] ~= ARGV[2] or lease[2] ~= ARGV[3] or tonumber(lease[3]) <= now then
+  return {'lease_lost'}
+end
+local meta = redis.call('HMGET', KEYS[1], 'epoch', 'wm', 'tokens', 'wm_tokens')
+if (meta[1] or '0') ~= ARGV[5] then return {'stale', 'epoch'} end
+if (meta[2] or '') ~= ARGV[6] then return {'stale', 'watermark'} end
+
+local mode = ARGV[1]
+local wm_tokens = tonumber(meta[4]) or 0
+redis.call('HSET', KEYS[1], 'sum_at', now, 'sum_ms', ARGV[8], 'sum_outcome', mode)
+if mode == 'commit' then
+  redis.call('HSET', KEYS[2], 'text', ARGV[11], 'tokens', ARGV[12], 'covers', ARGV[9],
+             'epoch', ARGV[5], 'model', ARGV[13], 'at', now)
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+  wm_tokens = tonumber(ARGV[10])
+  redis.call('HSET', KEYS[1], 'wm', ARGV[9], 'wm_tokens', wm_tokens, 'sum_err', '')
+  redis.call('HINCRBY', KEYS[1], 'sum_runs', 1)
+  redis.call('HINCRBY', KEYS[1], 'sum_entries', tonumber(ARGV[14]))
+elseif mode == 'failed' then
+  redis.call('HSET', KEYS[1], 'sum_err', ARGV[9], 'sum_fail_at', now)
+  redis.call('HINCRBY', KEYS[1], 'sum_failures', 1)
+  -- The flag stays up: the sweep queues the session again after a pause,
+  -- instead of every append retrying a summarizer that keeps failing.
+  return {'ok', 0}
+end
+
+local threshold = tonumber(ARGV[7])
+if threshold > 0 and (tonumber(meta[3]) or 0) - wm_tokens >= threshold and mode == 'commit' then
+  local gen = math.max((tonumber(redis.call('HGET', KEYS[1], 'sgen')) or 0) + 1, now)
+  redis.call('HSET', KEYS[1], 'sq', '1', 'sq_at', now, 'sgen', gen)
+  return {'ok', gen}
+end
+redis.call('HSET', KEYS[1], 'sq', '0')
+return {'ok', 0}
