@@ -1,13 +1,15 @@
-"""The demo: several agent pods (processes) share sessions, then views are read.
+"""The demo: agent pods (processes) share sessions while a worker summarizes.
 
 Run it with ``make demo`` (or ``ctxstore demo``). With no
 ``CTXSTORE_REDIS_URL`` it starts an embedded Redis and hands its URL to the
-pods. Each pod plays its own agent in every session at once (as parallel
-sub-agents do): user turns, assistant messages making parallel tool calls,
-tool results (some of them large logs and files) and answers. Their writes
-interleave in each session's stream. Then, per session, it checks that
-nothing was lost or doubled and prints the session's stats and its request
-view at two budgets.
+pods and the worker. Each pod plays its own agent in every session at once
+(as parallel sub-agents do): user turns, assistant messages making parallel
+tool calls, tool results (some of them large logs and files) and answers.
+Their writes interleave in each session's stream. Meanwhile a summary worker
+(the local summarizer, or Anthropic's with ``ANTHROPIC_API_KEY`` set) keeps
+each session's summary up to date, and the demo prints the summaries as they
+appear. Then, per session, it checks that nothing was lost or doubled and
+prints the session's stats and its request view at two budgets.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -96,6 +99,43 @@ def _pod_process(pod: int, sessions: list[str], turns: int, seed: int, tenant: s
     asyncio.run(pod_main(pod, sessions, turns, seed, tenant))
 
 
+def _worker_process() -> None:
+    from workers import build_worker
+
+    logging.basicConfig(level=logging.WARNING)
+    build_worker(Settings()).run()
+
+
+async def watch(tenant: str, sessions: list[str], pods: list[Any]) -> None:
+    """While the pods write, print each session's size and summary as they change."""
+    seen: dict[str, tuple[int, int]] = {}
+    async with ContextStore.from_settings(Settings(), tenant=tenant) as store:
+        while any(p.is_alive() for p in pods):
+            for session in sessions:
+                info = await store.info(session)
+                state = (info.count, info.summary_runs)
+                if info.exists and state[1] and seen.get(session, (0, 0))[1] != state[1]:
+                    print(
+                        f"   {session}: summary #{info.summary_runs} covers "
+                        f"{info.tokens - info.tokens_unsummarized:,} of {info.tokens:,} tokens "
+                        f"in {info.summary_tokens:,} ({info.summary_last_seconds or 0:.2f}s)",
+                        flush=True,
+                    )
+                seen[session] = state
+            await asyncio.sleep(0.2)
+
+
+async def settle(tenant: str, sessions: list[str], limit_s: float = 60.0) -> None:
+    """Wait (bounded) until no session has a summary job queued or running."""
+    async with ContextStore.from_settings(Settings(), tenant=tenant) as store:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            infos = [await store.info(s) for s in sessions]
+            if not any(i.summary_due for i in infos):
+                return
+            await asyncio.sleep(0.2)
+
+
 def _describe(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, list):
@@ -125,6 +165,12 @@ async def report(
                 f"   {info.count} messages, {info.tokens:,} tokens, epoch {info.epoch}; "
                 f"lost {lost}, doubled {doubled}"
             )
+            print(
+                f"   summary: {info.summary_runs} commits by {info.summary_model or '-'}, "
+                f"covers {info.tokens - info.tokens_unsummarized:,} tokens in "
+                f"{info.summary_tokens:,} (saves {info.tokens_saved:,}); "
+                f"{info.tokens_unsummarized:,} tokens past it"
+            )
             for budget in budgets:
                 view = await store.view(session, token_budget=budget)
                 st = view.stats
@@ -146,16 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ctxstore demo", description=__doc__)
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--sessions", type=int, default=3)
-    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--show", type=int, default=8, help="messages shown per view")
     args = parser.parse_args(argv)
     if not os.environ.get("CTXSTORE_REDIS_URL"):
         os.environ["CTXSTORE_REDIS_URL"] = shared_embedded_url()
         print(f"embedded Redis at {os.environ['CTXSTORE_REDIS_URL']}")
+    # Small enough that the demo's sessions are summarized several times.
+    os.environ.setdefault("CTXSTORE_SUMMARY_TRIGGER_TOKENS", "12000")
+    os.environ.setdefault("CTXSTORE_SUMMARY_KEEP_TOKENS", "4000")
+    os.environ.setdefault("CTXSTORE_QUEUE_NAME", f"ctxstore:demo:{os.getpid()}")
     tenant = f"demo-{int(time.time())}"
     sessions = [f"conv-{i}" for i in range(args.sessions)]
     context = multiprocessing.get_context("spawn")
+    worker = context.Process(target=_worker_process)
+    worker.start()
     started = time.perf_counter()
     pods = [
         context.Process(target=_pod_process, args=(p, sessions, args.turns, args.seed, tenant))
@@ -163,8 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for pod in pods:
         pod.start()
+    print(
+        f"{args.pods} pods writing {args.sessions} sessions; summaries as the worker commits them:"
+    )
+    asyncio.run(watch(tenant, sessions, pods))
     for pod in pods:
         pod.join()
+    asyncio.run(settle(tenant, sessions))
+    worker.terminate()  # SIGTERM: arq lets a running job finish
+    worker.join(timeout=30)
     if any(p.exitcode != 0 for p in pods):
         print("a pod failed", file=sys.stderr)
         return 1

@@ -474,13 +474,15 @@ def _already_placed(
     return True
 
 
-def summary_cut(entries: Sequence[Entry], keep_tokens: int) -> int:
+def summary_cut(entries: Sequence[Entry], keep_tokens: int, open_window: int = 0) -> int:
     """How many of ``entries`` (oldest first, all after the watermark) a summary covers.
 
     At least ``keep_tokens`` stay raw at the end, and the cut never falls
     inside a tool exchange: a message that makes calls and every message
-    answering them end up on the same side. Returns 0 when nothing may be
-    covered yet.
+    answering them end up on the same side. A call not answered yet (a tool
+    still running) holds the cut before it too, unless more than
+    ``open_window`` tokens came after it (then it is taken as abandoned;
+    views strip unanswered calls). Returns 0 when nothing may be covered.
     """
     used = 0
     cut = len(entries)
@@ -489,6 +491,14 @@ def summary_cut(entries: Sequence[Entry], keep_tokens: int) -> int:
         used += entries[cut].tokens
     if used < keep_tokens:
         return 0
+    answered = {rid for e in entries for rid in e.results}
+    after = 0
+    for index in range(len(entries) - 1, -1, -1):
+        if after > open_window:
+            break
+        if index < cut and any(cid not in answered for cid in entries[index].calls):
+            cut = index  # a tool still running: its call stays raw
+        after += entries[index].tokens
     earliest = _earliest_callers(entries)
     while cut > 0 and earliest[cut] < cut:
         cut = earliest[cut]  # keep the whole exchange raw

@@ -814,7 +814,11 @@ class ContextStore:
         entries = [
             e async for e in self._entries_after(session, keys, job.watermark if previous else "")
         ]
-        cut = summary_cut(entries, settings.summary_keep_tokens)
+        cut = summary_cut(
+            entries,
+            settings.summary_keep_tokens,
+            open_window=settings.summary_keep_tokens + settings.summary_trigger_tokens,
+        )
         if cut == 0:
             reply = await self._commit_summary(job, "idle", ())
             return job.outcome("idle", next_generation=_next_generation(reply))

@@ -178,7 +178,11 @@ class AnthropicSummarizer:
                 messages=[{"role": "user", "content": prompt}],
                 timeout=self._timeout,
             )
-        except (anthropic.RateLimitError, anthropic.InternalServerError) as exc:
+        except (
+            anthropic.RateLimitError,
+            anthropic.InternalServerError,
+            anthropic.RequestTimeoutError,  # 408: a proxy's timeout; the SDK retries it too
+        ) as exc:
             raise SummarizerUnavailableError(
                 f"Anthropic answered {exc.status_code}: {exc.message}",
                 retry_after=_retry_after(exc.response.headers.get("retry-after")),
@@ -187,6 +191,8 @@ class AnthropicSummarizer:
             raise SummarizerUnavailableError(f"Anthropic unreachable: {exc}") from exc
         except anthropic.AnthropicError as exc:
             raise SummarizerError(f"Anthropic refused the summary request: {exc}") from exc
+        except ValueError as exc:  # a 200 whose body is not the JSON it should be
+            raise SummarizerError(f"Anthropic's answer could not be read: {exc}") from exc
         texts = [
             block.text
             for block in getattr(response, "content", None) or ()
@@ -209,17 +215,22 @@ def _retry_after(value: str | None) -> float | None:
 _PATH = re.compile(
     r"(?<![\w@])(?:~|\.{1,2})?/?(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|js|ts|go|rs|java|rb|md|txt|json|ya?ml|toml|cfg|ini|sql|sh|csv|html|css|lock|log)\b"
 )
-_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?(?![\w.])")
-_NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+(?:\s[A-Z][a-z]+)+\b")
+# Numbers, with thousands separators, decimals and dotted versions (3.2.1);
+# a full stop after one ends the sentence, not the number.
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)*%?(?!\w)")
+_NAME = re.compile(r"\b[A-Z][a-z]+(?:\s[A-Z][a-z]+)+\b")
 _DECISION = re.compile(
     r"\b(decid\w*|agree\w*|chose|choose|will use|we'll|plan(?:ned)? to|going with|must|"
     r"should|don't|do not|never|always|prefer\w*|fixed|resolved|switch\w* to)\b",
     re.IGNORECASE,
 )
+# ModuleNotFoundError, KeyError... count as much as a bare "error".
 _ERROR = re.compile(
-    r"\b(error|exception|failed|failure|traceback|not found|denied|timeout|timed out|refused)\b",
+    r"(?:\b\w*(?:error|exception)|\b(?:failed|failure|traceback|not found|denied|timeout"
+    r"|timed out|refused))\b",
     re.IGNORECASE,
 )
+_RAISED = re.compile(r"\b\w*(?:Error|Exception)\b:")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
@@ -270,12 +281,14 @@ class LocalSummarizer:
                 calls[call_id] = (tool, arguments)
             for call_id, output, failed in _results(message):
                 tool, arguments = calls.get(call_id, ("a tool", call_id))
-                error = next((s for s in _sentences(output) if _ERROR.search(s)), None)
+                error = _error_line(output)
                 if failed or error:
                     sections["Errors"].append(f"{tool}({arguments}): {_clip(error or output, 200)}")
-                    tools.setdefault(tool, []).append(f"{arguments} failed")
+                    tools.setdefault(tool, []).append(f"{arguments} -> failed")
                 else:
-                    tools.setdefault(tool, []).append(arguments)
+                    tools.setdefault(tool, []).append(
+                        f"{arguments} -> {_clip(_first_line(output), 60)}"
+                    )
         # The first requests state the task; the latest say where it stands.
         sections["Requests"].extend(requests[:3] + requests[3:][-5:])
         for tool, uses in tools.items():
@@ -293,8 +306,14 @@ class LocalSummarizer:
         ]
         costs = {text: self._counter.count(text) + 1 for _, _, text in rows}
         total = self._counter.count(header) + sum(costs.values())
-        # Drop the lowest priority first, the oldest first within a section.
-        for priority, index, text in sorted(rows, key=lambda r: (-r[0], r[1])):
+
+        # Drop the lowest priority section first; within one, the first three
+        # lines (what the task was) go last, and of the rest the oldest first.
+        def drop_order(row: tuple[int, int, str]) -> tuple[int, int, int]:
+            priority, index, _ = row
+            return (-priority, index < 3, index if index >= 3 else -index)
+
+        for priority, index, text in sorted(rows, key=drop_order):
             if total <= max_tokens:
                 break
             rows.remove((priority, index, text))
@@ -378,13 +397,22 @@ def _first_sentence(text: str) -> str:
     return _clip(sentences[0], 200) if sentences else ""
 
 
+def _error_line(output: str) -> str | None:
+    """The line that says what failed: a raised exception's, else the first error word's."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    raised = [line for line in lines if _RAISED.search(line)]
+    if raised:
+        return raised[-1]  # a traceback ends with the exception
+    return next((s for s in _sentences(output) if _ERROR.search(s)), None)
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "(empty)"
 
 
 def _facts(text: str) -> list[str]:
     """File paths, multi-word names, and each sentence that states a number."""
-    found = [m.group(0) for m in _PATH.finditer(text)]
+    found = [m.group(0).rstrip(".") for m in _PATH.finditer(text)]
     found += [m.group(0) for m in _NAME.finditer(text)]
     for sentence in _sentences(text):
         bare = _PATH.sub("", sentence)  # a digit inside a path is not a number worth a line

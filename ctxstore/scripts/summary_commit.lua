@@ -59,7 +59,13 @@ elseif mode == 'failed' then
 end
 
 local threshold = tonumber(ARGV[7])
-if threshold > 0 and (tonumber(meta[3]) or 0) - wm_tokens >= threshold and mode == 'commit' then
+if threshold > 0 and (tonumber(meta[3]) or 0) - wm_tokens >= threshold then
+  if mode == 'idle' then
+    -- Due, but nothing could be covered (an exchange still open): leave the
+    -- flag up, so appends do not queue a job each; the sweep tries again.
+    redis.call('HSET', KEYS[1], 'sq_at', now)
+    return {'ok', 0}
+  end
   local gen = math.max((tonumber(redis.call('HGET', KEYS[1], 'sgen')) or 0) + 1, now)
   redis.call('HSET', KEYS[1], 'sq', '1', 'sq_at', now, 'sgen', gen)
   return {'ok', gen}
