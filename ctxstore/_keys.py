@@ -108,6 +108,11 @@ def tenant_sessions_key(prefix: str, tenant: str) -> str:
     return f"{prefix}:{{{tenant}}}:sessions"
 
 
+def tenant_limits_key(prefix: str, tenant: str) -> str:
+    """The hash of a tenant's own quotas and retention (see ``TenantLimits``)."""
+    return f"{prefix}:{{{tenant}}}:limits"
+
+
 def tenants_key(prefix: str) -> str:
     """The set of every tenant that has written a session (for the worker's sweep)."""
     return f"{prefix}:tenants"

@@ -48,6 +48,7 @@ class _Scripts:
             "lease_renew",
             "pin",
             "rewrite",
+            "session_reserve",
             "summary_commit",
             "summary_request",
         ):
@@ -60,6 +61,7 @@ class _Scripts:
     lease_renew: Script
     pin: Script
     rewrite: Script
+    session_reserve: Script
     summary_commit: Script
     summary_request: Script
 

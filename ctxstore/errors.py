@@ -6,7 +6,8 @@ CtxstoreError                     root: catch this to catch everything ctxstore 
 ├── InvalidInputError (ValueError) bad input refused before anything is written
 │   ├── InvalidIdError            a tenant or session id that could escape its key
 │   └── InvalidMessageError       a malformed message, unknown role, orphan field...
-│       └── MessageTooLargeError  a message over the configured size cap
+│       └── MessageTooLargeError  a message over the size cap (also a QuotaExceededError)
+├── QuotaExceededError            a tenant quota would be exceeded; nothing was written
 ├── ConflictError                 an expected sequence number was stale
 ├── LeaseError                    the session's lease
 │   ├── LeaseHeldError            another holder kept it for longer than we would wait
@@ -14,6 +15,7 @@ CtxstoreError                     root: catch this to catch everything ctxstore 
 ├── BudgetExceededError           what must be kept is larger than the token budget
 ├── SessionNotFoundError          the session has no messages and no metadata
 ├── CorruptEntryError             a stored entry that cannot be decoded
+│   └── DecryptionError           an encrypted value the keyring cannot open
 ├── SummarizerError               the summarizer failed (bad request, malformed answer)
 │   └── SummarizerUnavailableError  rate limited, overloaded, down or slow: retry later
 └── StoreError                    Redis failed in a way the caller cannot fix
@@ -32,6 +34,7 @@ __all__ = [
     "ConflictError",
     "CorruptEntryError",
     "CtxstoreError",
+    "DecryptionError",
     "InvalidIdError",
     "InvalidInputError",
     "InvalidMessageError",
@@ -39,6 +42,7 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "MessageTooLargeError",
+    "QuotaExceededError",
     "SessionNotFoundError",
     "StoreError",
     "StoreUnavailableError",
@@ -105,11 +109,44 @@ class InvalidMessageError(InvalidInputError):
     ) -> None:
         self.index = index
         prefix = f"message {index}: " if index is not None else ""
-        super().__init__(prefix + message, tenant=tenant, session=session, key=key)
+        # Named, not super(): MessageTooLargeError also derives from QuotaExceededError.
+        CtxstoreError.__init__(self, prefix + message, tenant=tenant, session=session, key=key)
 
 
-class MessageTooLargeError(InvalidMessageError):
-    """A message whose JSON form is larger than the configured cap.
+class QuotaExceededError(CtxstoreError):
+    """A write that would take the tenant past one of its quotas; nothing was written.
+
+    Attributes:
+        quota: Which quota: ``message_bytes``, ``session_bytes``,
+            ``session_tokens``, ``sessions`` or ``appends_per_second``.
+        limit: The quota.
+        value: What the write would have made it.
+    """
+
+    def __init__(
+        self,
+        quota: str,
+        limit: float,
+        value: float,
+        *,
+        tenant: str | None = None,
+        session: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.quota = quota
+        self.limit = limit
+        self.value = value
+        CtxstoreError.__init__(
+            self,
+            f"quota {quota} exceeded: {value:g} over the limit of {limit:g}",
+            tenant=tenant,
+            session=session,
+            key=key,
+        )
+
+
+class MessageTooLargeError(InvalidMessageError, QuotaExceededError):
+    """A message whose JSON form is larger than the cap (the ``message_bytes`` quota).
 
     Attributes:
         size: The message's size in bytes.
@@ -126,9 +163,12 @@ class MessageTooLargeError(InvalidMessageError):
         session: str | None = None,
     ) -> None:
         self.size = size
+        self.quota = "message_bytes"
+        self.value = size
         self.limit = limit
-        super().__init__(
-            f"message is {size} bytes, over the {limit}-byte cap",
+        InvalidMessageError.__init__(
+            self,
+            f"message is {size} bytes, over the {limit}-byte cap (quota message_bytes)",
             index=index,
             tenant=tenant,
             session=session,
@@ -205,6 +245,10 @@ class SessionNotFoundError(CtxstoreError):
 
 class CorruptEntryError(CtxstoreError):
     """A stored entry that cannot be decoded."""
+
+
+class DecryptionError(CorruptEntryError):
+    """An encrypted value whose key is unknown, or that does not authenticate (wrong key)."""
 
 
 class SummarizerError(CtxstoreError):

@@ -42,6 +42,7 @@ __all__ = [
     "SessionSummary",
     "StoredMessage",
     "SummaryOutcome",
+    "TenantLimits",
     "TextBlock",
     "ThinkingBlock",
     "ToolCall",
@@ -503,3 +504,27 @@ class SummaryOutcome:
     chunks: int = 0
     seconds: float = 0.0
     next_generation: int = 0
+
+
+class TenantLimits(BaseModel):
+    """A tenant's quotas and retention; ``None`` means the settings' default.
+
+    Attributes:
+        message_bytes: The largest message (JSON bytes).
+        session_bytes: The most bytes one session may hold.
+        session_tokens: The most tokens one session may hold.
+        sessions: The most sessions the tenant may have.
+        appends_per_second: The sustained append rate of one session.
+        append_burst: The burst that rate allows.
+        ttl_seconds: Sessions expire this long after their last write.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    message_bytes: Annotated[int, Field(gt=0)] | None = None
+    session_bytes: Annotated[int, Field(gt=0)] | None = None
+    session_tokens: Annotated[int, Field(gt=0)] | None = None
+    sessions: Annotated[int, Field(gt=0)] | None = None
+    appends_per_second: Annotated[float, Field(gt=0)] | None = None
+    append_burst: Annotated[int, Field(gt=0)] | None = None
+    ttl_seconds: Annotated[int, Field(gt=0)] | None = None

@@ -89,6 +89,17 @@ class Settings(BaseSettings):
         queue_name: The arq queue the summary jobs go to.
         worker_name: This worker's name, in its health-check key; the host
             name by default.
+        session_bytes: Default quota: the most bytes one session's messages
+            may take (``None``: no limit). Tenants may have their own limits
+            (``ContextStore.set_limits``); these are the defaults.
+        session_tokens: Default quota: the most tokens in one session.
+        max_sessions: Default quota: the most sessions a tenant may have.
+        appends_per_second: Default quota: the sustained append rate of one
+            session, with bursts of ``append_burst`` messages.
+        append_burst: The burst the append rate allows.
+        encryption_keys: Master key id -> 32-byte key (base64). Set it (and
+            ``encryption_active_key``) to seal message content at rest.
+        encryption_active_key: The id of the key new values are sealed with.
     """
 
     model_config = SettingsConfigDict(
@@ -138,6 +149,13 @@ class Settings(BaseSettings):
     queue_url: str | None = None
     queue_name: str = "ctxstore:summaries"
     worker_name: str = Field(default_factory=socket.gethostname)
+    session_bytes: PositiveInt | None = None
+    session_tokens: PositiveInt | None = None
+    max_sessions: PositiveInt | None = None
+    appends_per_second: PositiveFloat | None = None
+    append_burst: PositiveInt = 100
+    encryption_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    encryption_active_key: str | None = None
 
     @field_validator("key_prefix")
     @classmethod
@@ -148,6 +166,16 @@ class Settings(BaseSettings):
     @classmethod
     def _check_tenant(cls, value: str) -> str:
         return validate_id(value, "tenant")
+
+    @model_validator(mode="after")
+    def _check_encryption(self) -> Settings:
+        if (self.encryption_active_key is None) != (not self.encryption_keys):
+            raise ValueError("encryption_keys and encryption_active_key go together")
+        if self.encryption_active_key is not None and (
+            self.encryption_active_key not in self.encryption_keys
+        ):
+            raise ValueError("encryption_active_key must name one of encryption_keys")
+        return self
 
     @model_validator(mode="after")
     def _check_summary_window(self) -> Settings:

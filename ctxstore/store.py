@@ -25,12 +25,15 @@ from ctxstore import _keys
 from ctxstore._connection import Connection, make_client
 from ctxstore._scripts import SCRIPTS
 from ctxstore.budget import resolve_budget
+from ctxstore.encryption import MAGIC, Keyring
 from ctxstore.errors import (
     ConflictError,
     CorruptEntryError,
     CtxstoreError,
+    DecryptionError,
     InvalidInputError,
     InvalidMessageError,
+    QuotaExceededError,
     SessionNotFoundError,
     SummarizerError,
 )
@@ -43,6 +46,7 @@ from ctxstore.models import (
     SessionSummary,
     StoredMessage,
     SummaryOutcome,
+    TenantLimits,
     ViewStats,
     WriteResult,
     check_message,
@@ -85,7 +89,9 @@ class ContextStore:
         counter: Counts tokens at append; cl100k (tiktoken) by default.
         clock: The time leases use; the Redis server's clock by default.
         on_summary_due: Called when an append makes a summary due (the
-            worker queue's enqueue); nothing by default.
+            worker queue's enqueue); the settings' queue by default.
+        keyring: Seals message content at rest; from the settings'
+            ``encryption_keys`` by default (none: stored in clear).
     """
 
     def __init__(
@@ -97,8 +103,10 @@ class ContextStore:
         counter: TokenCounter | None = None,
         clock: Clock | None = None,
         on_summary_due: SummaryDue | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.settings = settings or Settings()
+        self.keyring = keyring if keyring is not None else _keyring_from(self.settings)
         self.tenant = _keys.validate_id(tenant, "tenant")
         self.counter = counter or TiktokenCounter()
         self.clock = clock
@@ -110,6 +118,8 @@ class ContextStore:
         self._queue: Any = None  # the default SummaryQueue, opened on first use
         self._indexed: dict[str, float] = {}
         self._means: dict[str, float] = {}
+        self._limits_cache: tuple[float, _Limits] | None = None
+        self._reserved: set[str] = set()
         # Idempotency keys made here: a random per-store prefix and a counter
         # (unique without a syscall per append, unlike a fresh random token).
         self._key_prefix = secrets.token_urlsafe(6) + "."
@@ -157,6 +167,7 @@ class ContextStore:
             counter=self.counter,
             clock=self.clock,
             on_summary_due=self.on_summary_due,
+            keyring=self.keyring,
         )
         other._queue = self._queue
         return other
@@ -249,18 +260,26 @@ class ContextStore:
             return []
         idem = self._idempotency_keys(session, idempotency_keys, len(messages))
         _check_seq(expected_seq)
+        limits = await self._limits(session)
         args: list[Any] = [
             "" if expected_seq is None else expected_seq,
-            self._default_ttl_arg(),
+            limits.ttl_arg,
             self.settings.idempotency_window,
             self._summary_threshold(),
             len(messages),
             int(self.settings.idempotency_seconds * 1000),
+            limits.session_bytes,
+            limits.session_tokens,
+            limits.appends_per_second,
+            limits.append_burst,
         ]
         for index, message in enumerate(messages):
-            data, tokens, *rest = self._entry_args(session, message, index, len(messages), pinned)
+            data, tokens, *rest = self._entry_args(
+                session, message, index, len(messages), pinned, limits.message_bytes
+            )
             args.extend((data, tokens, idem[index], *rest))
         script_keys = (keys.log, keys.meta, keys.idem, keys.idem_old, keys.keep, keys.view)
+        await self._reserve(session, limits)
         if self._index_due(session):
             now_ms = self._wall_ms()
             reply = await self._connection.script_and(
@@ -283,6 +302,8 @@ class ContextStore:
                 session=session,
                 key=keys.meta,
             )
+        if status == "quota":
+            raise self._quota_error(reply, session, keys.meta)
         due = int(reply[1])
         results = [
             AppendResult(
@@ -316,7 +337,13 @@ class ContextStore:
         return list(given)
 
     def _entry_args(
-        self, session: str, message: Any, index: int, total: int, pinned: bool
+        self,
+        session: str,
+        message: Any,
+        index: int,
+        total: int,
+        pinned: bool,
+        max_bytes: int,
     ) -> tuple[Any, ...]:
         """Validate, count and serialize one message.
 
@@ -327,7 +354,7 @@ class ContextStore:
         try:
             checked = check_message(
                 message,
-                max_bytes=self.settings.max_message_bytes,
+                max_bytes=max_bytes,
                 index=index if total > 1 else None,
             )
         except InvalidMessageError as exc:
@@ -342,18 +369,29 @@ class ContextStore:
             threshold=self.settings.offload_threshold_tokens,
             preview_tokens=self.settings.offload_preview_tokens,
         )
+        data, preview_data, preview_tokens = checked.data, b"", 0
+        if preview is not None:
+            preview_data, preview_tokens = preview
+        if self.keyring is not None:  # counted above, sealed here: tokens are never sealed
+            data = self.keyring.seal(self.tenant, session, data)
+            if preview_data:
+                preview_data = self.keyring.seal(self.tenant, session, preview_data)
         return (
-            checked.data,
+            data,
             tokens,
             kind,
             _SEP.join(checked.call_ids),
             _SEP.join(checked.result_ids),
-            *(preview or (b"", 0)),
+            preview_data,
+            preview_tokens,
         )
 
-    def _checked_all(self, session: str, messages: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _checked_all(
+        self, session: str, messages: Sequence[Any], max_bytes: int
+    ) -> list[tuple[Any, ...]]:
         return [
-            self._entry_args(session, m, i, len(messages), False) for i, m in enumerate(messages)
+            self._entry_args(session, m, i, len(messages), False, max_bytes)
+            for i, m in enumerate(messages)
         ]
 
     # -- reads -----------------------------------------------------------------
@@ -483,7 +521,8 @@ class ContextStore:
         )
         stats.compacted = bool(stats.dropped or stats.offloaded or stats.summary_used)
         if stats.dropped and not snap.summary_due and self._summary_worth_it(snap):
-            # Truncated with no summary on the way: make sure one is queued.
+            # Truncated with no summary yet (or one far behind) and none on the
+            # way: make sure one is queued.
             gen = await self.request_summary(session)
             if gen:
                 await self._summary_due(session, gen)
@@ -528,12 +567,15 @@ class ContextStore:
             if snap.count:
                 self._means[session] = snap.tokens / snap.count
             snap.protected = sorted(
-                (_protected(keep[i].decode(), keep[i + 1]) for i in range(0, len(keep), 2)),
+                (
+                    self._protected(session, keep[i].decode(), keep[i + 1])
+                    for i in range(0, len(keep), 2)
+                ),
                 key=lambda e: entry_order(e.entry_id),
             )
             snap.read = len(snap.protected)
-            snap.summary = _summary(
-                summary_raw, meta[0] or b"0", meta[3], self.settings.summary_role
+            snap.summary = self._summary(
+                session, summary_raw, meta[0] or b"0", meta[3], self.settings.summary_role
             )
             watermark = entry_order(snap.summary.covers_upto) if snap.summary else None
             protected_ids = {e.entry_id for e in snap.protected}
@@ -593,7 +635,7 @@ class ContextStore:
         try:
             if flat[0] != b"m" or flat[2] != b"t":
                 raise KeyError("m and t come first")
-            entry = Entry(entry_id, int(flat[3]), flat[1])
+            entry = Entry(entry_id, int(flat[3]), self._open(session, flat[1]))
             for i in range(4, len(flat), 2):  # optional fields: c, r, v, vt
                 name, value = flat[i], flat[i + 1]
                 if name == b"c":
@@ -601,7 +643,7 @@ class ContextStore:
                 elif name == b"r":
                     entry.results = _ids(value)
                 elif name == b"v":
-                    entry.preview_data = value
+                    entry.preview_data = self._open(session, value)
                 elif name == b"vt":
                     entry.preview_tokens = int(value)
             return entry
@@ -609,6 +651,57 @@ class ContextStore:
             raise CorruptEntryError(
                 f"entry {entry_id} cannot be decoded: {exc}", tenant=self.tenant, session=session
             ) from exc
+
+    def _protected(self, session: str, entry_id: str, value: bytes) -> Entry:
+        """An entry from the keep hash: kind, tokens, call ids, result ids, data (joined by RS)."""
+        try:
+            kind, tokens, calls, results, data = value.split(b"\x1e", 4)
+            return Entry(
+                entry_id,
+                int(tokens),
+                self._open(session, data),
+                _ids(calls),
+                _ids(results),
+                kind.decode(),
+            )
+        except ValueError as exc:
+            raise CorruptEntryError(
+                f"the copy of entry {entry_id} cannot be decoded: {exc}",
+                tenant=self.tenant,
+                session=session,
+            ) from exc
+
+    def _summary(
+        self,
+        session: str,
+        raw: list[Any],
+        epoch: bytes,
+        watermark: bytes | None,
+        role: str = "user",
+    ) -> SummaryText | None:
+        """The cached summary, if it belongs to ``epoch`` and covers up to ``watermark``.
+
+        It is wrapped in ``<summary>`` tags so the model can tell it from user text.
+        """
+        text, tokens, covers, summary_epoch = raw
+        if not text or summary_epoch != epoch or covers != watermark:
+            return None
+        body = "<summary>\n" + self._open(session, text).decode() + "\n</summary>"
+        return SummaryText({"role": role, "content": body}, int(tokens), covers.decode())
+
+    def _seal(self, session: str, value: bytes) -> bytes:
+        return value if self.keyring is None else self.keyring.seal(self.tenant, session, value)
+
+    def _open(self, session: str, value: bytes) -> bytes:
+        if self.keyring is None:
+            if value.startswith(MAGIC):
+                raise DecryptionError(
+                    "the value is encrypted and this store has no keyring",
+                    tenant=self.tenant,
+                    session=session,
+                )
+            return value
+        return self.keyring.open(self.tenant, session, value)
 
     def _stored(self, session: str, row: list[Any]) -> StoredMessage:
         entry = self._entry(session, row)
@@ -692,8 +785,9 @@ class ContextStore:
             isinstance(messages, dict | str) or not isinstance(messages, Sequence)
         ):
             raise InvalidInputError("messages must be a list of dicts", session=session)
-        entries = self._checked_all(session, messages)
-        return await self._rewrite(session, keys, entries, expected_seq, lease)
+        limits = await self._limits(session)
+        entries = self._checked_all(session, messages, limits.message_bytes)
+        return await self._rewrite(session, keys, entries, expected_seq, lease, limits)
 
     async def clear(
         self, session: str, *, expected_seq: int | None = None, lease: Lease | None = None
@@ -705,7 +799,10 @@ class ContextStore:
             LeaseHeldError: Another writer held the lease for too long.
             LeaseLostError: The lease expired before the write.
         """
-        return await self._rewrite(session, self.keys(session), [], expected_seq, lease)
+        keys = self.keys(session)
+        return await self._rewrite(
+            session, keys, [], expected_seq, lease, await self._limits(session)
+        )
 
     async def _rewrite(
         self,
@@ -714,16 +811,20 @@ class ContextStore:
         entries: list[tuple[Any, ...]],
         expected_seq: int | None,
         lease: Lease | None,
+        limits: _Limits,
     ) -> WriteResult:
         _check_seq(expected_seq)
+        await self._reserve(session, limits)
         held = lease or await self.lease(session, kind="write")
         args: list[Any] = [
             held.token,
             held.fence,
             held.now_arg(),
             "" if expected_seq is None else expected_seq,
-            self._default_ttl_arg(),
+            limits.ttl_arg,
             len(entries),
+            limits.session_bytes,
+            limits.session_tokens,
         ]
         for entry in entries:
             args.extend(entry)
@@ -743,6 +844,10 @@ class ContextStore:
         status = _text(reply[0])
         if status == "lease_lost":
             raise held.mark_lost()
+        if status == "quota":
+            if lease is None:
+                await held.release()
+            raise self._quota_error(reply, session, keys.meta)
         if status == "conflict":
             if lease is None:
                 await held.release()
@@ -809,7 +914,9 @@ class ContextStore:
             key=keys.meta,
         )
         job = _Job(session, keys, _text(meta[0] or b"0"), _text(meta[1] or b""), lease, started)
-        previous = _summary(view_raw, meta[0] or b"0", meta[1]) if job.watermark else None
+        previous = (
+            self._summary(session, view_raw, meta[0] or b"0", meta[1]) if job.watermark else None
+        )
         # Without a usable summary, start over from the first message.
         entries = [
             e async for e in self._entries_after(session, keys, job.watermark if previous else "")
@@ -845,7 +952,14 @@ class ContextStore:
         reply = await self._commit_summary(
             job,
             "commit",
-            (covers, wm_tokens, text, summary_tokens, summarizer.name, len(covered)),
+            (
+                covers,
+                wm_tokens,
+                self._seal(session, (text or "").encode()),
+                summary_tokens,
+                summarizer.name,
+                len(covered),
+            ),
         )
         status = _text(reply[0])
         done = dict(
@@ -1084,15 +1198,107 @@ class ContextStore:
         self._indexed[session] = now
         return True
 
-    def _default_ttl_arg(self) -> int | str:
-        ttl = self.settings.session_ttl_seconds
-        return "" if ttl is None else ttl * 1000
+    async def limits(self, *, session: str | None = None) -> TenantLimits:
+        """This tenant's own limits, as stored (``None`` fields: the settings' defaults).
+
+        Args:
+            session: The session being written, for error messages.
+        """
+        key = _keys.tenant_limits_key(self._prefix, self.tenant)
+        (raw,) = await self._connection.transaction([("HGETALL", key)], key=key, session=session)
+        fields = _pairs(raw)
+        try:
+            return TenantLimits.model_validate_json(fields["limits"]) if fields else TenantLimits()
+        except (KeyError, ValueError) as exc:
+            raise CorruptEntryError(f"the tenant's limits cannot be read: {exc}", key=key) from exc
+
+    async def set_limits(self, limits: TenantLimits) -> None:
+        """Set this tenant's quotas and retention (an operator's call; applies within 30 s)."""
+        if not isinstance(limits, TenantLimits):
+            raise InvalidInputError("limits must be a TenantLimits")
+        key = _keys.tenant_limits_key(self._prefix, self.tenant)
+        await self._connection.transaction(
+            [("HSET", key, "limits", limits.model_dump_json(exclude_none=True))], key=key
+        )
+        self._limits_cache = None
+
+    async def _limits(self, session: str) -> _Limits:
+        """The limits in force: the tenant's own over the settings', cached 30 s."""
+        now = time.monotonic()
+        cached = self._limits_cache
+        if cached is not None and now - cached[0] < _LIMITS_TTL:
+            return cached[1]
+        own = await self.limits(session=session)
+        s = self.settings
+
+        def pick(mine: Any, default: Any) -> Any:
+            return mine if mine is not None else default
+
+        ttl = pick(own.ttl_seconds, s.session_ttl_seconds)
+        effective = _Limits(
+            message_bytes=min(pick(own.message_bytes, s.max_message_bytes), s.max_message_bytes),
+            session_bytes=pick(own.session_bytes, s.session_bytes) or 0,
+            session_tokens=pick(own.session_tokens, s.session_tokens) or 0,
+            sessions=pick(own.sessions, s.max_sessions) or 0,
+            appends_per_second=pick(own.appends_per_second, s.appends_per_second) or 0,
+            append_burst=pick(own.append_burst, s.append_burst),
+            ttl_ms=ttl * 1000 if ttl else 0,
+        )
+        self._limits_cache = (now, effective)
+        return effective
+
+    async def _reserve(self, session: str, limits: _Limits) -> None:
+        """Before this process first writes a session: check the tenant's session quota.
+
+        The tenant's index lives in the tenant's slot, not the session's, so
+        this is its own step (once per session and process, and only with a
+        session quota).
+        """
+        if not limits.sessions or session in self._reserved:
+            return
+        ttl = limits.ttl_ms
+        now = self._wall_ms()
+        reply = await self._connection.script(
+            SCRIPTS.session_reserve,
+            (self._index,),
+            (session, now, limits.sessions, now - ttl if ttl else 0),
+            session=session,
+        )
+        if int(reply[0]) != 1:
+            raise QuotaExceededError(
+                "sessions",
+                limits.sessions,
+                int(reply[1]) + 1,
+                tenant=self.tenant,
+                session=session,
+                key=self._index,
+            )
+        if len(self._reserved) > 10_000:
+            self._reserved.clear()
+        self._reserved.add(session)
+
+    def _quota_error(self, reply: list[Any], session: str, key: str) -> QuotaExceededError:
+        return QuotaExceededError(
+            _text(reply[1]),
+            float(reply[2]),
+            float(reply[3]),
+            tenant=self.tenant,
+            session=session,
+            key=key,
+        )
 
     def _summary_worth_it(self, snap: _Snapshot) -> bool:
-        """True when a summary job would find something to cover."""
-        return (
-            self._summary_threshold() > 0 and snap.unsummarized > self.settings.summary_keep_tokens
-        )
+        """True when a view should queue a summary: none yet (and something to cover), or due.
+
+        With a summary in place, only the trigger counts: a view must not queue
+        a job for the raw tail every summary leaves behind.
+        """
+        threshold = self._summary_threshold()
+        if threshold <= 0:
+            return False
+        if snap.summary is None and snap.unsummarized > self.settings.summary_keep_tokens:
+            return True
+        return snap.unsummarized >= threshold
 
     async def _summary_due(self, session: str, generation: int) -> None:
         """Hand a due summary to the queue; a failure there must not fail the write.
@@ -1123,6 +1329,27 @@ class ContextStore:
 
 
 _SEP = "\x1f"  # joins tool call ids in a stream field (ids may not hold control characters)
+
+
+_LIMITS_TTL = 30.0  # seconds a tenant's limits are cached
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """The limits in force for one tenant, resolved; 0 means no limit."""
+
+    message_bytes: int
+    session_bytes: int
+    session_tokens: int
+    sessions: int
+    appends_per_second: float
+    append_burst: int
+    ttl_ms: int
+
+    @property
+    def ttl_arg(self) -> int | str:
+        """The default TTL as the scripts take it."""
+        return self.ttl_ms or ""
 
 
 @dataclass(slots=True)
@@ -1160,28 +1387,17 @@ def _next_generation(reply: Any) -> int:
     return int(reply[1]) if _text(reply[0]) == "ok" and len(reply) > 1 else 0
 
 
+def _keyring_from(settings: Settings) -> Keyring | None:
+    if settings.encryption_active_key is None:
+        return None
+    return Keyring(
+        {k: v.get_secret_value() for k, v in settings.encryption_keys.items()},
+        settings.encryption_active_key,
+    )
+
+
 def _ids(joined: bytes | None) -> tuple[str, ...]:
     return tuple(joined.decode().split(_SEP)) if joined else ()
-
-
-def _protected(entry_id: str, value: bytes) -> Entry:
-    """An entry from the keep hash: kind, tokens, call ids, result ids, data (joined by RS)."""
-    kind, tokens, calls, results, data = value.split(b"\x1e", 4)
-    return Entry(entry_id, int(tokens), data, _ids(calls), _ids(results), kind.decode())
-
-
-def _summary(
-    raw: list[Any], epoch: bytes, watermark: bytes | None, role: str = "user"
-) -> SummaryText | None:
-    """The cached summary, if it belongs to ``epoch`` and covers up to ``watermark``.
-
-    It is wrapped in ``<summary>`` tags so the model can tell it from user text.
-    """
-    text, tokens, covers, summary_epoch = raw
-    if not text or summary_epoch != epoch or covers != watermark:
-        return None
-    body = "<summary>\n" + text.decode() + "\n</summary>"
-    return SummaryText({"role": role, "content": body}, int(tokens), covers.decode())
 
 
 def _summary_body(summary: SummaryText | None) -> str | None:

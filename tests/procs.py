@@ -92,3 +92,39 @@ def endless_writer(url: str, prefix: str, tenant: str, session: str) -> None:
                 n += 1
 
     asyncio.run(run())
+
+
+def stuck_worker(
+    url: str, prefix: str, overrides: dict[str, Any], job_timeout: float, signal_key: str
+) -> None:
+    """Run a burst worker whose summarizer never returns; set ``signal_key`` when it is called.
+
+    The test SIGKILLs this process mid-job, as a node dies under a pod.
+    """
+    from collections.abc import Sequence
+
+    from redis.asyncio import Redis
+
+    from ctxstore.testing import FakeSummarizer
+    from workers import build_worker
+
+    class Signalling(FakeSummarizer):
+        async def summarize(
+            self, previous: str | None, messages: Sequence[dict[str, Any]], *, max_tokens: int
+        ) -> str:
+            client = Redis.from_url(url)
+            try:
+                await client.set(signal_key, "started")
+            finally:
+                await client.aclose()
+            return await super().summarize(previous, messages, max_tokens=max_tokens)
+
+    async def run() -> None:
+        settings = settings_for(url, prefix).model_copy(update=overrides)
+        never = asyncio.Event()  # the gate never opens: the job hangs until the kill
+        worker = build_worker(
+            settings, summarizer=Signalling(gate=never), burst=True, job_timeout=job_timeout
+        )
+        await worker.main()
+
+    asyncio.run(run())

@@ -169,7 +169,10 @@ def worker_options(
                 second=0,
                 run_at_startup=not burst,
                 unique=True,
-                timeout=300,
+                # arq keeps one in-progress TTL for all functions (the longest
+                # timeout + 10 s): a longer sweep timeout would delay the re-run
+                # of a job whose worker died.
+                timeout=timeout,
             )
         ],
         "redis_settings": queue_redis_settings(settings),

@@ -13,6 +13,10 @@
 -- ARGV[5] n, the number of messages
 -- ARGV[6] idempotency period (ms): a generation also ends after this long, and
 --         each generation expires one period after it ends
+-- ARGV[7] quota: the most bytes in the session (0: none)
+-- ARGV[8] quota: the most tokens in the session (0: none)
+-- ARGV[9] quota: appends per second for the session (0: none)
+-- ARGV[10] quota: the burst that rate allows
 -- then 8 per message:
 --         data, tokens, idempotency key, kind ('s', 'p' or ''), call ids, result ids
 --         (joined by \x1f), preview ('' or JSON), preview tokens
@@ -20,16 +24,19 @@
 -- Races it closes: a retry of an append that Redis applied before the
 -- connection broke is answered with the original entry (the idempotency
 -- key), not written twice; an append-if whose expected seq is stale is
--- refused before anything is written; counters and stream change together,
--- so meta always matches the stream. Redis orders concurrent appends: no lock.
+-- refused before anything is written; a quota that would be exceeded is
+-- refused before anything is written (a retry of an applied append is still
+-- answered, quota or not); counters and stream change together, so meta
+-- always matches the stream. Redis orders concurrent appends: no lock.
 --
--- Returns {'ok', due_generation, (entry id, seq, epoch, duplicate 0/1) per message}
---      or {'conflict', current seq}.
+-- Returns {'ok', due_generation, (entry id, seq, epoch, duplicate 0/1) per message},
+--      {'conflict', current seq} or {'quota', name, limit, value}.
 
 local PER = 8
-local FIRST = 6  -- ARGV index before the first message's arguments
+local FIRST = 10  -- ARGV index before the first message's arguments
 local meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
-                        'wm_tokens', 'sq', 'first_id', 'idem_rot', 'idem_since')
+                        'wm_tokens', 'sq', 'first_id', 'idem_rot', 'idem_since', 'bytes',
+                        'rl_tokens', 'rl_at')
 local seq = tonumber(meta[1]) or 0
 local epoch = tonumber(meta[2]) or 0
 local count = tonumber(meta[3]) or 0
@@ -49,6 +56,40 @@ end
 
 if fresh > 0 and ARGV[1] ~= '' and tonumber(ARGV[1]) ~= seq then
   return {'conflict', seq}
+end
+
+local bytes = tonumber(meta[12]) or 0
+local rate_tokens, rate_at = nil, nil
+if fresh > 0 then
+  local new_bytes, new_tokens = 0, 0
+  for i = 1, n do
+    if not seen[i] then
+      local base = FIRST + (i - 1) * PER
+      new_bytes = new_bytes + #ARGV[base + 1]
+      new_tokens = new_tokens + tonumber(ARGV[base + 2])
+    end
+  end
+  local max_bytes, max_tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
+  if max_bytes > 0 and bytes + new_bytes > max_bytes then
+    return {'quota', 'session_bytes', max_bytes, bytes + new_bytes}
+  end
+  if max_tokens > 0 and tokens + new_tokens > max_tokens then
+    return {'quota', 'session_tokens', max_tokens, tokens + new_tokens}
+  end
+  local rate = tonumber(ARGV[9])
+  if rate > 0 then
+    -- A token bucket in the session's meta: refilled at `rate` per second up to `burst`.
+    local burst = tonumber(ARGV[10])
+    local t = redis.call('TIME')
+    rate_at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local last = tonumber(meta[14]) or rate_at
+    rate_tokens = math.min(burst, (tonumber(meta[13]) or burst) + (rate_at - last) * rate / 1000)
+    if rate_tokens < fresh then
+      return {'quota', 'appends_per_second', rate, fresh - rate_tokens}
+    end
+    rate_tokens = rate_tokens - fresh
+  end
+  bytes = bytes + new_bytes
 end
 
 local window = tonumber(ARGV[3])
@@ -110,7 +151,8 @@ end
 if fresh == 0 then return out end
 
 redis.call('HSET', KEYS[2], 'seq', seq, 'epoch', epoch, 'count', count, 'tokens', tokens,
-           'idem_n', idem_n, 'first_id', first_id, 'last_id', last_id)
+           'bytes', bytes, 'idem_n', idem_n, 'first_id', first_id, 'last_id', last_id)
+if rate_at then redis.call('HSET', KEYS[2], 'rl_tokens', rate_tokens, 'rl_at', rate_at) end
 if rotated then redis.call('HSET', KEYS[2], 'idem_rot', '1') end
 if since_changed then redis.call('HSET', KEYS[2], 'idem_since', since) end
 -- The current generation goes too when the session falls quiet.

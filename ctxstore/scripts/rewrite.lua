@@ -6,7 +6,10 @@
 -- ARGV[3] now in ms, or '' to use the Redis server's clock
 -- ARGV[4] expected seq, or ''
 -- ARGV[5] default TTL in ms, or ''
--- ARGV[6] n, the number of new messages; then 7 per message:
+-- ARGV[6] n, the number of new messages
+-- ARGV[7] quota: the most bytes in the session (0: none)
+-- ARGV[8] quota: the most tokens in the session (0: none)
+-- then 7 per message:
 --         data, tokens, kind ('s', 'p' or ''), call ids, result ids (joined by \x1f),
 --         preview ('' or JSON), preview tokens
 --
@@ -19,8 +22,8 @@
 -- answered again, not applied twice. Appends ordered before this script
 -- belong to the superseded history; appends after it land in the new one.
 --
--- Returns {'ok', epoch, seq, count, superseded, ids...}, {'lease_lost'} or
--- {'conflict', current seq}.
+-- Returns {'ok', epoch, seq, count, superseded, ids...}, {'lease_lost'},
+-- {'conflict', current seq} or {'quota', name, limit, value}.
 local n = tonumber(ARGV[6])
 local meta = redis.call('HMGET', KEYS[2], 'epoch', 'seq', 'count', 'ttl', 'commit', 'commit_res')
 if meta[5] == ARGV[1] then
@@ -46,6 +49,20 @@ if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= seq then
   return {'conflict', seq}
 end
 
+local PER, FIRST = 7, 8
+local new_bytes, new_tokens = 0, 0
+for i = 1, n do
+  local base = FIRST + (i - 1) * PER
+  new_bytes = new_bytes + #ARGV[base + 1]
+  new_tokens = new_tokens + tonumber(ARGV[base + 2])
+end
+if tonumber(ARGV[7]) > 0 and new_bytes > tonumber(ARGV[7]) then
+  return {'quota', 'session_bytes', tonumber(ARGV[7]), new_bytes}
+end
+if tonumber(ARGV[8]) > 0 and new_tokens > tonumber(ARGV[8]) then
+  return {'quota', 'session_tokens', tonumber(ARGV[8]), new_tokens}
+end
+
 local superseded = tonumber(meta[3]) or 0
 local epoch = (tonumber(meta[1]) or 0) + 1
 seq = seq + 1
@@ -54,7 +71,7 @@ local out = {'ok', epoch, seq, n, superseded}
 local tokens = 0
 local first_id, last_id = '', ''
 for i = 1, n do
-  local base = 6 + (i - 1) * 7
+  local base = FIRST + (i - 1) * PER
   local data, t, kind = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3]
   local calls, results, preview = ARGV[base + 4], ARGV[base + 5], ARGV[base + 6]
   local fields = {'m', data, 't', t}
@@ -74,6 +91,7 @@ for i = 1, n do
   table.insert(out, id)
 end
 redis.call('HSET', KEYS[2], 'epoch', epoch, 'seq', seq, 'count', n, 'tokens', tokens,
+           'bytes', new_bytes,
            'first_id', first_id, 'last_id', last_id, 'wm', '', 'wm_tokens', 0, 'sq', '0',
            'commit', ARGV[1], 'commit_res', epoch .. ' ' .. seq .. ' ' .. n .. ' ' .. superseded)
 redis.call('DEL', KEYS[5])
