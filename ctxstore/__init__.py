@@ -8,12 +8,14 @@ one round trip. See the README for the tour.
 from ctxstore.amplifier import StoreContextManager
 from ctxstore.budget import Budget, resolve_budget
 from ctxstore.embedded import EmbeddedRedis
+from ctxstore.encryption import Keyring
 from ctxstore.errors import (
     BudgetExceededError,
     ConfigurationError,
     ConflictError,
     CorruptEntryError,
     CtxstoreError,
+    DecryptionError,
     InvalidIdError,
     InvalidInputError,
     InvalidMessageError,
@@ -21,6 +23,7 @@ from ctxstore.errors import (
     LeaseHeldError,
     LeaseLostError,
     MessageTooLargeError,
+    QuotaExceededError,
     SessionNotFoundError,
     StoreError,
     StoreUnavailableError,
@@ -37,6 +40,7 @@ from ctxstore.models import (
     SessionSummary,
     StoredMessage,
     SummaryOutcome,
+    TenantLimits,
     ViewStats,
     WriteResult,
 )
@@ -56,11 +60,13 @@ __all__ = [
     "ContextStore",
     "CorruptEntryError",
     "CtxstoreError",
+    "DecryptionError",
     "EmbeddedRedis",
     "HistoryPage",
     "InvalidIdError",
     "InvalidInputError",
     "InvalidMessageError",
+    "Keyring",
     "Lease",
     "LeaseError",
     "LeaseHeldError",
@@ -68,6 +74,7 @@ __all__ = [
     "LocalSummarizer",
     "Message",
     "MessageTooLargeError",
+    "QuotaExceededError",
     "RequestView",
     "SessionInfo",
     "SessionNotFoundError",
@@ -81,6 +88,7 @@ __all__ = [
     "SummarizerError",
     "SummarizerUnavailableError",
     "SummaryOutcome",
+    "TenantLimits",
     "TiktokenCounter",
     "TokenCounter",
     "ViewStats",

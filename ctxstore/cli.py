@@ -7,6 +7,9 @@ ctxstore sessions [--tenant T]    a tenant's sessions, most recent first
 ctxstore status SESSION           a session's counters, summary lag, last jobs (/context status)
 ctxstore view SESSION --budget N  the request view a model would get, and its stats
 ctxstore sweep                    queue the summaries whose job was lost or failed
+ctxstore limits [--sessions N...] show or set a tenant's quotas and retention
+ctxstore forget --tenant T --yes  delete every session of a tenant
+ctxstore acl --out F --credentials F [--tenant T...]   render least-privilege ACL users
 ```
 
 Settings come from ``CTXSTORE_*`` variables, read when a command runs.
@@ -17,6 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import secrets
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -26,6 +31,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ctxstore.errors import CtxstoreError
+from ctxstore.models import TenantLimits
 from ctxstore.settings import Settings
 from ctxstore.store import ContextStore
 
@@ -50,7 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     view.add_argument("--model", default=None)
     view.add_argument("--messages", action="store_true", help="print the messages too")
     commands.add_parser("sweep", help="queue summaries that are due with no live job")
-    for sub in (sessions, status, view):
+    limits = commands.add_parser("limits", help="show or set a tenant's quotas and retention")
+    for name in TenantLimits.model_fields:
+        limits.add_argument(f"--{name.replace('_', '-')}", dest=name, type=float, default=None)
+    forget = commands.add_parser("forget", help="delete every session of a tenant")
+    forget.add_argument("--yes", action="store_true", help="really delete")
+    acl = commands.add_parser("acl", help="render least-privilege ACL users")
+    acl.add_argument("--out", default=None, help="the ACL file (stdout by default)")
+    acl.add_argument("--credentials", required=True, help="where to write the passwords (JSON)")
+    acl.add_argument("--tenant", dest="tenants", action="append", default=[])
+    for sub in (sessions, status, view, limits, forget):
         sub.add_argument("--tenant", default=None, help="the tenant (CTXSTORE_TENANT)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
@@ -163,13 +178,71 @@ async def _sweep(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _limits(settings: Settings, args: argparse.Namespace) -> int:
+    changes = {
+        name: getattr(args, name)
+        for name in TenantLimits.model_fields
+        if getattr(args, name) is not None
+    }
+    async with ContextStore.from_settings(settings, tenant=args.tenant) as store:
+        if changes:
+            current = (await store.limits()).model_dump()
+            merged = {
+                k: (int(v) if k != "appends_per_second" else v)
+                for k, v in {**current, **changes}.items()
+                if v is not None
+            }
+            await store.set_limits(TenantLimits(**merged))
+        print((await store.limits()).model_dump_json(indent=2))
+    return 0
+
+
+async def _forget(settings: Settings, args: argparse.Namespace) -> int:
+    if not args.yes:
+        print("ctxstore: forget deletes every session of the tenant; add --yes", file=sys.stderr)
+        return 2
+    async with ContextStore.from_settings(settings, tenant=args.tenant) as store:
+        removed = await store.forget_tenant()
+    print(f"deleted {removed} sessions of tenant {store.tenant}")
+    return 0
+
+
+async def _acl(settings: Settings, args: argparse.Namespace) -> int:
+    from ctxstore.acl import POD_USER, WORKER_USER, render_acl, tenant_user_name
+
+    names = [POD_USER, WORKER_USER, *(tenant_user_name(t) for t in args.tenants)]
+    passwords = {name: secrets.token_urlsafe(24) for name in names}
+    text = render_acl(settings, args.tenants, passwords)
+    _write_private(args.credentials, json.dumps(passwords, indent=2) + "\n")
+    if args.out:
+        _write_private(args.out, text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write a file only its owner can read (it holds passwords or their hashes)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
+
+
 def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-_COMMANDS = {"sessions": _sessions, "status": _status, "view": _view, "sweep": _sweep}
+_COMMANDS = {
+    "acl": _acl,
+    "forget": _forget,
+    "limits": _limits,
+    "sessions": _sessions,
+    "status": _status,
+    "sweep": _sweep,
+    "view": _view,
+}
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import NoPermissionError
+
 from ctxstore import _keys
 from ctxstore._connection import Connection, make_client
 from ctxstore._scripts import SCRIPTS
@@ -35,6 +37,7 @@ from ctxstore.errors import (
     InvalidMessageError,
     QuotaExceededError,
     SessionNotFoundError,
+    StoreError,
     SummarizerError,
 )
 from ctxstore.lease import Clock, Lease, LeaseKind
@@ -116,6 +119,7 @@ class ContextStore:
         self._index = _keys.tenant_sessions_key(self._prefix, self.tenant)
         self._tenants = _keys.tenants_key(self._prefix)
         self._queue: Any = None  # the default SummaryQueue, opened on first use
+        self._queue_denied = False
         self._indexed: dict[str, float] = {}
         self._means: dict[str, float] = {}
         self._limits_cache: tuple[float, _Limits] | None = None
@@ -1125,6 +1129,62 @@ class ContextStore:
         )
         return int(removed) > 0
 
+    async def forget_tenant(self) -> int:
+        """Delete every session of this tenant, and the tenant's own keys.
+
+        Walks the tenant's index (never ``KEYS`` or ``SCAN``), deleting each
+        session's keys and its last summary job's arq keys, then the index,
+        the tenant's limits and its entry in the tenants set. Stop the
+        tenant's writers first (e.g. disable its ACL user): a session created
+        during the walk would be missed.
+
+        Returns:
+            The number of sessions deleted.
+        """
+        removed = 0
+        while True:
+            (names,) = await self._connection.transaction(
+                [("ZRANGE", self._index, 0, 199)], key=self._index
+            )
+            if not names:
+                break
+            for raw in names:
+                session = _text(raw)
+                info = await self.info(session)
+                await self.delete(session)
+                if info.summary_generation:
+                    await self._forget_job(session, info.summary_generation)
+                removed += 1
+        limits = _keys.tenant_limits_key(self._prefix, self.tenant)
+        await self._connection.transaction([("DEL", self._index, limits)], key=self._index)
+        try:
+            await self._connection.transaction(
+                [("SREM", self._tenants, self.tenant)], key=self._tenants
+            )
+        except StoreError:
+            log.warning("could not remove %s from the tenants set (NOPERM?)", self.tenant)
+        self._limits_cache = None
+        self._reserved.clear()
+        self._indexed.clear()
+        return removed
+
+    async def _forget_job(self, session: str, generation: int) -> None:
+        """Delete arq's keys of a session's last summary job (they name the session)."""
+        from ctxstore.jobs import job_id
+
+        job = job_id(self.settings, self.tenant, session, generation)
+        try:
+            if self._queue is None:
+                from ctxstore.jobs import SummaryQueue
+
+                self._queue = await SummaryQueue.connect(self.settings)
+            await self._queue.pool.delete(
+                *(f"arq:{kind}:{job}" for kind in ("job", "result", "retry", "in-progress"))
+            )
+            await self._queue.pool.zrem(self.settings.queue_name, job)
+        except Exception:
+            log.warning("could not delete the summary job %s", job, exc_info=True)
+
     async def set_ttl(self, session: str, seconds: int | None) -> None:
         """Give this session its own TTL (refreshed on every write), or none.
 
@@ -1304,8 +1364,12 @@ class ContextStore:
         """Hand a due summary to the queue; a failure there must not fail the write.
 
         Without an ``on_summary_due``, the store queues it on the settings'
-        queue itself (opening the arq pool on first use).
+        queue itself (opening the arq pool on first use). A user that may not
+        touch the queue (a tenant's own ACL user) leaves it to the workers'
+        sweep: the session's flag is up, and the sweep queues it.
         """
+        if self._queue_denied:
+            return
         try:
             if self.on_summary_due is not None:
                 await self.on_summary_due(self.tenant, session, generation)
@@ -1318,6 +1382,9 @@ class ContextStore:
                 log.warning(
                     "arq already had the summary job %s/%s:%d", self.tenant, session, generation
                 )
+        except NoPermissionError:
+            self._queue_denied = True
+            log.info("this Redis user may not queue summaries; the workers' sweep will")
         except Exception:
             log.warning("could not queue the summary of %s/%s", self.tenant, session, exc_info=True)
 

@@ -14,7 +14,10 @@ import random
 from dataclasses import asdict
 from typing import Any
 
+import arq.worker
 from arq import Retry, Worker, cron, func
+from arq.connections import log_redis_info as arq_log_redis_info
+from redis.exceptions import ResponseError
 
 from ctxstore import (
     ContextStore,
@@ -195,4 +198,14 @@ def worker_options(
 
 def build_worker(settings: Settings, **options: Any) -> Worker:
     """An arq worker for summary jobs; ``options`` as :func:`worker_options` takes them."""
+    # arq logs INFO and DBSIZE at start and fails if they are denied; the
+    # worker's ACL user (`ctxstore acl`) may run neither.
+    setattr(arq.worker, "log_redis_info", _log_redis_info)  # noqa: B010 - a library global, patched on purpose
     return Worker(**worker_options(settings, **options))
+
+
+async def _log_redis_info(redis: Any, log_func: Any) -> None:
+    try:
+        await arq_log_redis_info(redis, log_func)
+    except ResponseError as exc:
+        log.info("not logging the queue's Redis info: %s", exc)
