@@ -94,7 +94,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.utils import HIREDIS_AVAILABLE
 
-from ctxstore import ContextStore, EmbeddedRedis, LocalSummarizer, Settings
+from ctxstore import ContextStore, EmbeddedRedis, Keyring, LocalSummarizer, Settings
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
 SHIPPED_CONF = Path(__file__).resolve().parent.parent / "deploy" / "redis.conf"
@@ -126,7 +126,7 @@ SUMMARY_VIEW_LIMIT = 1.3
 TRIGGER_APPEND_LIMIT = 1.1
 MEMORY_LIMIT = 1.3
 
-SECTIONS = ("append", "view", "summary", "memory")
+SECTIONS = ("append", "view", "summary", "tenancy", "memory")
 
 
 @dataclass(frozen=True)
@@ -804,10 +804,72 @@ async def bench_memory(bench: Bench) -> None:
     ]
 
 
+async def time_tenancy(bench: Bench) -> dict[str, Any]:
+    """The cost of quotas and of encryption at rest to an append and to a view.
+
+    Three stores on the same server and tenant prefix: plain; with every
+    quota on (session bytes and tokens, sessions, an append rate high enough
+    never to refuse); and with encryption at rest. Each is timed against the
+    plain one with ``time_pair``, on the same ~1 KB messages.
+    """
+    base = bench.settings
+    quotas = base.model_copy(
+        update={
+            "session_bytes": 10**12,
+            "session_tokens": 10**12,
+            "max_sessions": 10**6,
+            "appends_per_second": 10.0**9,
+            "append_burst": 10**9,
+        }
+    )
+    keyring = Keyring({"k1": Keyring.generate_key()}, "k1")
+    pool = append_cases(64)[1][1]  # ~1 KB messages
+    out: dict[str, Any] = {}
+    for label, settings, ring in (("quotas", quotas, None), ("encryption", base, keyring)):
+        _progress(f"tenancy: {label}")
+        other = ContextStore.from_settings(settings, tenant=TENANT, keyring=ring)
+        try:
+
+            def ours(i: int, store: ContextStore = other, name: str = label) -> Awaitable[object]:
+                return store.append(f"tenancy-{name}", pool[i % len(pool)])
+
+            def plain(i: int, name: str = label) -> Awaitable[object]:
+                return bench.store.append(f"tenancy-plain-{name}", pool[i % len(pool)])
+
+            mine, base_latency = await time_pair(ours, plain, bench.sampling)
+            await bench.store.append_many(f"tenancy-view-plain-{label}", conversation(1_000, 1_024))
+            await other.append_many(f"tenancy-view-{label}", conversation(1_000, 1_024))
+
+            def ours_view(
+                i: int, store: ContextStore = other, name: str = label
+            ) -> Awaitable[object]:
+                return store.view(f"tenancy-view-{name}", token_budget=VIEW_BUDGET)
+
+            def plain_view(i: int, name: str = label) -> Awaitable[object]:
+                return bench.store.view(f"tenancy-view-plain-{name}", token_budget=VIEW_BUDGET)
+
+            view_mine, view_base = await time_pair(ours_view, plain_view, bench.sampling)
+        finally:
+            await other.aclose()
+        out[label] = {
+            "append": {"ours": asdict(mine), "plain": asdict(base_latency)},
+            "append_ratio_p50": mine.p50_us / base_latency.p50_us,
+            "view": {"ours": asdict(view_mine), "plain": asdict(view_base)},
+            "view_ratio_p50": view_mine.p50_us / view_base.p50_us,
+        }
+    return out
+
+
+async def bench_tenancy(bench: Bench) -> None:
+    """What quotas and encryption at rest cost an append and a view (no targets)."""
+    bench.report["tenancy"] = await time_tenancy(bench)
+
+
 BENCHMARKS = {
     "append": bench_append,
     "view": bench_view,
     "summary": bench_summary,
+    "tenancy": bench_tenancy,
     "memory": bench_memory,
 }
 
@@ -935,6 +997,27 @@ def render(report: dict[str, Any], targets: Sequence[Target]) -> str:
         ]
     if "summary" in report:
         out += _render_summary(report["summary"])
+    if "tenancy" in report:
+        out += [
+            "",
+            "Quotas and encryption (us): ~1 KB appends, and views (budget 8,000) of 1,000 "
+            "messages, each beside the plain store",
+            *_table(
+                ("feature", "append p50", "plain p50", "ratio", "view p50", "plain p50", "ratio"),
+                [
+                    (
+                        name,
+                        f"{row['append']['ours']['p50_us']:,.2f}",
+                        f"{row['append']['plain']['p50_us']:,.2f}",
+                        f"{row['append_ratio_p50']:.2f}x",
+                        f"{row['view']['ours']['p50_us']:,.2f}",
+                        f"{row['view']['plain']['p50_us']:,.2f}",
+                        f"{row['view_ratio_p50']:.2f}x",
+                    )
+                    for name, row in report["tenancy"].items()
+                ],
+            ),
+        ]
     if "memory" in report:
         out += _render_memory(report["memory"])
     if targets:
