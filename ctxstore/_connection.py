@@ -1,10 +1,18 @@
 """The store's edge: one Redis client, retries, and error translation.
 
 Every call to Redis goes through :class:`Connection`, which retries transient
-connection errors (bounded, exponential backoff with full jitter) and turns
+connection errors (bounded, exponential backoff with full jitter), follows a
+cluster's topology when a slot moved (a failover, a reshard), and turns
 every redis-py error into a :mod:`ctxstore.errors` error chained with
 ``from``. Calls are retried with the same arguments, so an append keeps its
 idempotency key across retries.
+
+Session keys share one hash tag, so all of a session's commands go to one
+node: :meth:`Connection.node_call` sends a list of commands on one connection
+of that node (standalone, or the cluster node that owns the slot), packed
+with hiredis, and reads the raw replies. Scripts, MULTI/EXEC snapshots and
+WAIT (which must follow its write on the same connection) all go through it,
+so the same code runs on one Redis and on Redis Cluster.
 """
 
 from __future__ import annotations
@@ -17,11 +25,11 @@ from typing import Any, TypeVar, cast
 
 import hiredis
 from redis import exceptions as rex
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as rconn
 
 from ctxstore._scripts import Script
-from ctxstore.errors import StoreError, StoreUnavailableError
+from ctxstore.errors import ReplicationError, StoreError, StoreUnavailableError
 from ctxstore.settings import Settings
 
 __all__ = ["Connection", "make_client"]
@@ -36,9 +44,12 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     rex.TryAgainError,
     rex.ClusterDownError,
     rex.MasterDownError,
-    rex.ReadOnlyError,  # a primary demoted by a failover, until we reconnect
+    rex.ReadOnlyError,  # a primary demoted by a failover, until the topology is read again
+    rex.MovedError,  # the slot moved (failover, reshard): read the topology, then retry
+    rex.AskError,
     OSError,
 )
+_TOPOLOGY = (rex.MovedError, rex.AskError, rex.ReadOnlyError, rex.ConnectionError, OSError)
 
 
 class _HiredisPacking:
@@ -73,13 +84,20 @@ _FAST = {
 }
 
 
-def make_client(url: str, settings: Settings) -> Redis:
-    """A redis-py asyncio client for ``url``, with ctxstore's connection policy.
+def make_client(url: str, settings: Settings) -> Any:
+    """A redis-py asyncio client for ``url`` (a cluster client if ``redis_cluster``).
 
     redis-py's own retries are off, and so are its per-socket-operation
     timeouts (they cost a task per send): :class:`Connection` bounds each
     call with one deadline, retries, and translates the final error.
     """
+    if settings.redis_cluster:
+        return RedisCluster.from_url(
+            url,
+            socket_connect_timeout=settings.connect_timeout,
+            connection_error_retry_attempts=0,
+            cluster_error_retry_attempts=1,
+        )
     client: Redis = Redis.from_url(
         url,
         socket_connect_timeout=settings.connect_timeout,
@@ -102,6 +120,7 @@ class Connection:
 
     def __init__(self, client: Any, settings: Settings, tenant: str) -> None:
         self.client = client
+        self.cluster = isinstance(client, RedisCluster)
         self._settings = settings
         self._tenant = tenant
 
@@ -142,58 +161,78 @@ class Connection:
                 )
                 log.debug("retrying after %r (attempt %d, %.3fs)", exc, attempt, delay)
                 await asyncio.sleep(delay)
+                if self.cluster and isinstance(exc, _TOPOLOGY):
+                    await self._refresh_topology()
             except rex.RedisError as exc:
                 raise StoreError(
                     f"Redis refused the call: {exc}", tenant=self._tenant, session=session, key=key
                 ) from exc
 
-    async def script(
-        self,
-        script: Script,
-        keys: tuple[str, ...],
-        args: tuple[Any, ...],
-        *,
-        session: str | None = None,
-    ) -> Any:
-        """Run a Lua script (by SHA, falling back to EVAL) with retries."""
+    async def node_call(
+        self, key: str, commands: Sequence[tuple[Any, ...]], *, transaction: bool = False
+    ) -> list[Any]:
+        """Send ``commands`` on one connection of the node that owns ``key``; raw replies.
 
-        async def op() -> Any:
-            try:
-                return await self.client.evalsha(script.sha, len(keys), *keys, *args)
-            except rex.NoScriptError:
-                return await self.client.eval(script.source, len(keys), *keys, *args)
+        Error replies come back as exception objects in the list (a
+        transaction's refused command is raised). With ``transaction``, the
+        commands run in MULTI/EXEC and the list is EXEC's reply.
 
-        return await self.call(op, session=session, key=keys[0] if keys else None)
-
-    async def script_and(
-        self,
-        script: Script,
-        keys: tuple[str, ...],
-        args: tuple[Any, ...],
-        also: Callable[[Any], None],
-        *,
-        session: str | None = None,
-    ) -> Any:
-        """Run a script and, in the same round trip, the commands ``also`` queues.
-
-        ``also`` receives a non-transactional pipeline; it is for the tenant's
-        index, which lives in another slot than the session's keys.
+        No retry here: :meth:`call` wraps it.
         """
+        if transaction:
+            commands = [("MULTI",), *commands, ("EXEC",)]
+        packed = b"".join(hiredis.pack_command(tuple(c)) for c in commands)
+        conn, release = await self._acquire(key)
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response(disable_decoding=True))
+                except rex.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            # A half-read reply must never reach the next user of this connection.
+            await conn.disconnect()
+            raise
+        finally:
+            await release(conn)
+        if not transaction:
+            return replies
+        for reply in replies:  # +OK, +QUEUED..., then EXEC's array
+            if isinstance(reply, Exception):
+                raise reply
+        result = replies[-1]
+        if not isinstance(result, list):
+            raise rex.ResponseError("the transaction was aborted")
+        for reply in result:
+            if isinstance(reply, Exception):
+                raise reply
+        return result
 
-        async def op() -> Any:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-            also(pipe)
-            results = await pipe.execute(raise_on_error=False)
-            first = results[0]
-            if isinstance(first, rex.NoScriptError):
-                first = await self.client.eval(script.source, len(keys), *keys, *args)
-            for result in results:
-                if isinstance(result, BaseException) and not isinstance(result, rex.NoScriptError):
-                    raise result
-            return first
+    async def _acquire(self, key: str) -> tuple[Any, Callable[[Any], Awaitable[None]]]:
+        """A connection to the node owning ``key``, and how to give it back."""
+        if not self.cluster:
+            pool = self.client.connection_pool
+            return await pool.get_connection(), pool.release
+        client = cast(RedisCluster, self.client)
+        if client._initialize:
+            await client.initialize()
+        node = client.get_node_from_key(key)
+        if node is None:
+            raise rex.ConnectionError(f"no node serves the slot of {key}")
+        conn = node.acquire_connection()
 
-        return await self.call(op, session=session, key=keys[0] if keys else None)
+        async def release(used: Any) -> None:
+            node._free.append(used)  # ClusterNode's own release, inlined in redis-py 5
+
+        return conn, release
+
+    async def _refresh_topology(self) -> None:
+        try:
+            await cast(RedisCluster, self.client).nodes_manager.initialize()
+        except rex.RedisError as exc:  # the retry will try again
+            log.debug("could not read the cluster's topology: %r", exc)
 
     async def transaction(
         self,
@@ -208,43 +247,75 @@ class Connection:
         callbacks): the read path parses only what it uses. Bulk reads go
         this way rather than through Lua, which copies every value in and
         out (a 36-entry tail costs ~100 us in Lua, ~12 us natively).
+        ``key`` names the slot; by default, the first command's key.
 
         Raises:
             StoreError: Redis refused a command or aborted the transaction.
         """
+        slot_key = key if key is not None else str(commands[0][1])
+        return await self.call(
+            lambda: self.node_call(slot_key, commands, transaction=True),
+            session=session,
+            key=slot_key,
+        )
+
+    async def script(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        *,
+        session: str | None = None,
+        replicas: int = 0,
+    ) -> Any:
+        """Run a Lua script (by SHA, falling back to EVAL) with retries.
+
+        Args:
+            script: The script.
+            keys: Its KEYS (one slot).
+            args: Its ARGV.
+            session: For error messages.
+            replicas: Wait until this many replicas have the script's writes
+                (``WAIT``, on the same connection), up to
+                ``Settings.replica_ack_timeout_ms``.
+
+        Raises:
+            ReplicationError: Fewer replicas than asked acknowledged the write
+                in time (the write is on the primary: retrying is safe).
+        """
+        wait = ("WAIT", replicas, self._settings.replica_ack_timeout_ms) if replicas else None
+
+        async def op() -> Any:
+            commands: list[tuple[Any, ...]] = [("EVALSHA", script.sha, len(keys), *keys, *args)]
+            if wait:
+                commands.append(wait)
+            replies = await self.node_call(keys[0], commands)
+            if isinstance(replies[0], rex.NoScriptError):
+                commands[0] = ("EVAL", script.source, len(keys), *keys, *args)
+                replies = await self.node_call(keys[0], commands)
+            if isinstance(replies[0], Exception):
+                raise replies[0]
+            if wait and (isinstance(replies[1], Exception) or int(replies[1]) < replicas):
+                raise ReplicationError(
+                    f"{replies[1]} of {replicas} replicas acknowledged the write in time",
+                    acknowledged=0 if isinstance(replies[1], Exception) else int(replies[1]),
+                    tenant=self._tenant,
+                    session=session,
+                    key=keys[0],
+                )
+            return replies[0]
+
+        return await self.call(op, session=session, key=keys[0])
+
+    async def pipeline(
+        self, queue: Callable[[Any], None], *, session: str | None = None, key: str | None = None
+    ) -> list[Any]:
+        """Run the commands ``queue`` adds to a non-transactional pipeline (any slots)."""
 
         async def op() -> list[Any]:
-            pool = self.client.connection_pool
-            conn = await pool.get_connection()
-            try:
-                await conn.send_packed_command(
-                    conn.pack_commands([("MULTI",), *commands, ("EXEC",)]), check_health=False
-                )
-                refused: list[Exception] = []
-                for _ in range(len(commands) + 1):  # +OK, then +QUEUED per command
-                    try:
-                        await conn.read_response(disable_decoding=True)
-                    except rex.ResponseError as exc:
-                        refused.append(exc)
-                try:
-                    replies = await conn.read_response(disable_decoding=True)
-                except rex.ResponseError as exc:
-                    refused.append(exc)
-                    replies = None
-            except BaseException:
-                # A half-read reply must never reach the next user of this connection.
-                await conn.disconnect()
-                raise
-            finally:
-                await pool.release(conn)
-            if refused:
-                raise refused[0]
-            if not isinstance(replies, list):
-                raise rex.ResponseError("the transaction was aborted")
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
+            pipe = self.client.pipeline(transaction=False)
+            queue(pipe)
+            return cast(list[Any], await pipe.execute())
 
         return await self.call(op, session=session, key=key)
 

@@ -19,7 +19,8 @@ CtxstoreError                     root: catch this to catch everything ctxstore 
 ├── SummarizerError               the summarizer failed (bad request, malformed answer)
 │   └── SummarizerUnavailableError  rate limited, overloaded, down or slow: retry later
 └── StoreError                    Redis failed in a way the caller cannot fix
-    └── StoreUnavailableError     Redis could not be reached in the time allowed
+    ├── StoreUnavailableError     Redis could not be reached in the time allowed
+    └── ReplicationError          fewer replicas than asked acknowledged a write in time
 ```
 
 Redis errors are translated at the store's edge and chained with ``from``; each
@@ -43,6 +44,7 @@ __all__ = [
     "LeaseLostError",
     "MessageTooLargeError",
     "QuotaExceededError",
+    "ReplicationError",
     "SessionNotFoundError",
     "StoreError",
     "StoreUnavailableError",
@@ -273,3 +275,26 @@ class StoreError(CtxstoreError):
 
 class StoreUnavailableError(StoreError):
     """Redis could not be reached, or did not answer, in the time allowed."""
+
+
+class ReplicationError(StoreError):
+    """Fewer replicas than ``Settings.replica_acks`` acknowledged a write in time.
+
+    The write is on the primary; retrying with the same idempotency key is
+    safe (it is answered as a duplicate, and waited for again).
+
+    Attributes:
+        acknowledged: Replicas that acknowledged it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        acknowledged: int,
+        tenant: str | None = None,
+        session: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.acknowledged = acknowledged
+        super().__init__(message, tenant=tenant, session=session, key=key)

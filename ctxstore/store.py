@@ -284,19 +284,14 @@ class ContextStore:
             args.extend((data, tokens, idem[index], *rest))
         script_keys = (keys.log, keys.meta, keys.idem, keys.idem_old, keys.keep, keys.view)
         await self._reserve(session, limits)
-        if self._index_due(session):
-            now_ms = self._wall_ms()
-            reply = await self._connection.script_and(
-                SCRIPTS.append,
-                script_keys,
-                tuple(args),
-                lambda pipe: self._touch_index(pipe, session, now_ms),
-                session=session,
-            )
-        else:
-            reply = await self._connection.script(
-                SCRIPTS.append, script_keys, tuple(args), session=session
-            )
+        await self._touch_index(session)
+        reply = await self._connection.script(
+            SCRIPTS.append,
+            script_keys,
+            tuple(args),
+            session=session,
+            replicas=self.settings.replica_acks,
+        )
         status = _text(reply[0])
         if status == "conflict":
             raise ConflictError(
@@ -832,14 +827,14 @@ class ContextStore:
         ]
         for entry in entries:
             args.extend(entry)
-        now_ms = self._wall_ms()
         try:
-            reply = await self._connection.script_and(
+            await self._touch_index(session)
+            reply = await self._connection.script(
                 SCRIPTS.rewrite,
                 (keys.log, keys.meta, keys.keep, keys.view, keys.lease),
                 tuple(args),
-                lambda pipe: self._touch_index(pipe, session, now_ms),
                 session=session,
+                replicas=self.settings.replica_acks,
             )
         except CtxstoreError:
             if lease is None:
@@ -1100,33 +1095,29 @@ class ContextStore:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 10_000:
             raise InvalidInputError("limit must be an integer from 1 to 10,000")
         high: str | int = "+inf" if before_ms is None else f"({int(before_ms)}"
-        ttl = self.settings.session_ttl_seconds
-        client = self._connection.client
-
-        async def op() -> list[tuple[bytes, float]]:
-            if ttl is not None:
-                # Sessions idle for longer than the TTL have expired: forget them here.
-                await client.zremrangebyscore(
-                    self._index, "-inf", f"({self._wall_ms() - ttl * 1000}"
-                )
-            rows: list[tuple[bytes, float]] = await client.zrevrangebyscore(
-                self._index, high, "-inf", start=0, num=limit, withscores=True
+        ttl_ms = (await self._limits(None)).ttl_ms
+        commands: list[tuple[Any, ...]] = []
+        if ttl_ms:
+            # Sessions idle for longer than the TTL have expired: forget them here.
+            commands.append(
+                ("ZREMRANGEBYSCORE", self._index, "-inf", f"({self._wall_ms() - ttl_ms}")
             )
-            return rows
-
-        rows = await self._connection.call(op, key=self._index)
-        return [SessionSummary(_text(name), int(score)) for name, score in rows]
+        commands.append(
+            ("ZREVRANGEBYSCORE", self._index, high, "-inf", "WITHSCORES", "LIMIT", 0, limit)
+        )
+        rows = (await self._connection.transaction(commands, key=self._index))[-1]
+        return [
+            SessionSummary(_text(rows[i]), int(float(rows[i + 1]))) for i in range(0, len(rows), 2)
+        ]
 
     async def delete(self, session: str) -> bool:
         """Delete a session and everything of it. True if it existed."""
         keys = self.keys(session)
-        removed = await self._connection.script_and(
-            SCRIPTS.delete,
-            keys.all(),
-            (),
-            lambda pipe: pipe.zrem(self._index, session),
-            session=session,
-        )
+        removed = await self._connection.script(SCRIPTS.delete, keys.all(), (), session=session)
+        # The keys first, the index entry then: a session is never left unlisted with keys.
+        await self._connection.transaction([("ZREM", self._index, session)], key=self._index)
+        self._indexed.pop(session, None)
+        self._reserved.discard(session)
         return int(removed) > 0
 
     async def forget_tenant(self) -> int:
@@ -1196,26 +1187,19 @@ class ContextStore:
             isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0
         ):
             raise InvalidInputError("seconds must be a positive integer or None", session=session)
-        client = self._connection.client
-        ms = None if seconds is None else seconds * 1000
-
-        async def op() -> int:
-            pipe = client.pipeline(transaction=True)
-            pipe.exists(keys.meta)
-            if ms is None:
-                pipe.hdel(keys.meta, "ttl")
-                for key in keys.all():
-                    if key != keys.lease:
-                        pipe.persist(key)
-            else:
-                pipe.hset(keys.meta, "ttl", ms)
-                for key in keys.all():
-                    if key != keys.lease:
-                        pipe.pexpire(key, ms)
-            results = await pipe.execute()
-            return int(results[0])
-
-        if not await self._connection.call(op, session=session, key=keys.meta):
+        # The lease and the idempotency keys keep their own expiry.
+        data_keys = (keys.log, keys.meta, keys.keep, keys.view)
+        commands: list[tuple[Any, ...]] = [("EXISTS", keys.meta)]
+        if seconds is None:
+            commands.append(("HDEL", keys.meta, "ttl"))
+            commands.extend(("PERSIST", key) for key in data_keys)
+        else:
+            commands.append(("HSET", keys.meta, "ttl", seconds * 1000))
+            commands.extend(("PEXPIRE", key, seconds * 1000) for key in data_keys)
+        replies = await self._connection.transaction(commands, session=session, key=keys.meta)
+        if not int(replies[0]):
+            if seconds is not None:  # the HSET made a meta: take it back
+                await self._connection.transaction([("DEL", keys.meta)], key=keys.meta)
             raise SessionNotFoundError("no such session", tenant=self.tenant, session=session)
 
     async def pin(self, session: str, entry_id: str, pinned: bool = True) -> bool:
@@ -1236,18 +1220,34 @@ class ContextStore:
 
     # -- helpers ---------------------------------------------------------------
 
-    def _touch_index(self, pipe: Any, session: str, now_ms: int) -> None:
-        """Queue the index updates: the session's last activity, and the tenant's existence."""
-        pipe.zadd(self._index, {session: now_ms})
-        pipe.sadd(self._tenants, self.tenant)
+    async def _touch_index(self, session: str) -> None:
+        """Record the session's activity in the tenant's index (at most once a second).
+
+        Done before the write it goes with, so a session is never written
+        without being listed (forget_tenant walks the index). The index and
+        the tenants set are in other slots than the session's keys: this is
+        its own round trip, the first time this process writes the session
+        and then at most once per ``index_interval``.
+        """
+        if not self._index_due(session):
+            return
+        now_ms = self._wall_ms()
+
+        def queue(pipe: Any) -> None:
+            pipe.zadd(self._index, {session: now_ms})
+            pipe.sadd(self._tenants, self.tenant)
+
+        try:
+            await self._connection.pipeline(queue, session=session, key=self._index)
+        except CtxstoreError:
+            self._indexed.pop(session, None)  # try again on the next write
+            raise
 
     def _index_due(self, session: str) -> bool:
         """True when this process should refresh the session in the tenant's index.
 
-        The index (another slot) is updated in the same round trip as the
-        append, the first time this process writes the session and then at
-        most once per ``index_interval`` seconds: listing is then accurate to
-        that interval, and most appends cost one command, not a pipeline.
+        Listing is accurate to ``index_interval``; most appends cost one
+        command.
         """
         now = time.monotonic()
         last = self._indexed.get(session)
@@ -1282,7 +1282,7 @@ class ContextStore:
         )
         self._limits_cache = None
 
-    async def _limits(self, session: str) -> _Limits:
+    async def _limits(self, session: str | None) -> _Limits:
         """The limits in force: the tenant's own over the settings', cached 30 s."""
         now = time.monotonic()
         cached = self._limits_cache

@@ -15,7 +15,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from redis.asyncio import Redis
+from cluster import Cluster
+from redis.asyncio import Redis, RedisCluster
 
 from ctxstore import ContextStore, EmbeddedRedis, Settings
 
@@ -68,15 +69,46 @@ def tenant() -> str:
     return f"t{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A Redis Cluster of this run's own (3 primaries, 3 replicas), started once."""
+    try:
+        running = Cluster.start()
+    except RuntimeError as exc:
+        pytest.skip(f"no Redis Cluster here: {exc}")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(autouse=True)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Where the store runs: ``single`` (one Redis) or ``cluster``.
+
+    Contract test modules run every test on both, with
+    ``pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)``.
+    """
+    return str(getattr(request, "param", "single"))
+
+
+BACKENDS = ["single", "cluster"]
+
+
 @pytest.fixture
-def settings(redis_url: str) -> Settings:
-    """Settings on the test Redis, with this run's key prefix."""
-    return Settings(
-        redis_url=redis_url,
-        key_prefix=RUN_PREFIX,
-        queue_name=f"{RUN_PREFIX}:summaries",
-        retry_attempts=2,
-    )
+def settings(backend: str, redis_url: str, request: pytest.FixtureRequest) -> Settings:
+    """Settings on the test Redis (or cluster), with this run's key prefix.
+
+    On a cluster, the summary queue stays on the single Redis: arq cannot run
+    on a cluster.
+    """
+    common = {
+        "key_prefix": RUN_PREFIX,
+        "queue_name": f"{RUN_PREFIX}:summaries",
+        "retry_attempts": 2,
+    }
+    if backend == "cluster":
+        running: Cluster = request.getfixturevalue("cluster")
+        return Settings(redis_url=running.url, redis_cluster=True, queue_url=redis_url, **common)
+    return Settings(redis_url=redis_url, **common)
 
 
 @pytest.fixture
@@ -87,8 +119,13 @@ async def store(settings: Settings, tenant: str) -> AsyncIterator[ContextStore]:
 
 
 @pytest.fixture
-async def raw_redis(redis_url: str) -> AsyncIterator[Redis]:
-    """A plain redis-py client on the test Redis, for inspecting keys."""
-    client = Redis.from_url(redis_url)
+async def raw_redis(settings: Settings) -> AsyncIterator[Redis]:
+    """A plain redis-py client on the store's Redis (or cluster), for inspecting keys."""
+    assert settings.redis_url is not None
+    client: Redis = (
+        RedisCluster.from_url(settings.redis_url)  # type: ignore[assignment]
+        if settings.redis_cluster
+        else Redis.from_url(settings.redis_url)
+    )
     yield client
     await client.aclose()

@@ -6,10 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from conftest import BACKENDS
 from redis.asyncio import Redis
 
 from ctxstore import ContextStore, LeaseHeldError, LeaseLostError, Settings
 from ctxstore.testing import ManualClock
+
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 
 USER = {"role": "user", "content": "hello"}
 

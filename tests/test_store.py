@@ -7,8 +7,10 @@ import time
 from typing import Any
 
 import pytest
+from conftest import BACKENDS
 from helpers import conversation
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 
 from ctxstore import (
     ConflictError,
@@ -22,6 +24,8 @@ from ctxstore import (
     StoreUnavailableError,
 )
 from ctxstore.policies import call_ids, result_ids
+
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 
 USER = {"role": "user", "content": "hello"}
 
@@ -410,15 +414,14 @@ async def test_view_is_one_round_trip(store: ContextStore, monkeypatch: pytest.M
     """A view of an active session is one write to Redis, one MULTI/EXEC, and no script."""
     await store.append_many("s", conversation(200))
     await store.view("s", token_budget=2000)  # learns the session's mean entry size
-    connection_class = store._connection.client.connection_pool.connection_class
     sent: list[bytes] = []
-    original = connection_class.send_packed_command
+    original = AbstractConnection.send_packed_command
 
     async def counting(self: Any, command: Any, check_health: bool = True) -> None:
         sent.append(b"".join(command) if isinstance(command, list) else command)
         await original(self, command, check_health)
 
-    monkeypatch.setattr(connection_class, "send_packed_command", counting)
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
     view = await store.view("s", token_budget=2000)
     assert len(sent) == 1
     assert sent[0].count(b"MULTI") == 1 and sent[0].count(b"EXEC") == 1
