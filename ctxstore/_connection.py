@@ -47,6 +47,7 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     rex.ReadOnlyError,  # a primary demoted by a failover, until the topology is read again
     rex.MovedError,  # the slot moved (failover, reshard): read the topology, then retry
     rex.AskError,
+    rex.RedisClusterException,  # no node of the cluster could be reached
     OSError,
 )
 _TOPOLOGY = (rex.MovedError, rex.AskError, rex.ReadOnlyError, rex.ConnectionError, OSError)
@@ -123,6 +124,8 @@ class Connection:
         self.cluster = isinstance(client, RedisCluster)
         self._settings = settings
         self._tenant = tenant
+        self._topology_lock = asyncio.Lock()
+        self._topology_read_at = float("-inf")
 
     async def call(
         self,
@@ -229,10 +232,30 @@ class Connection:
         return conn, release
 
     async def _refresh_topology(self) -> None:
+        """Read the cluster's slots again; close the nodes that left it (a dead primary).
+
+        One refresh at a time (redis-py's is not safe to run concurrently),
+        and one for every task that failed while it ran.
+        """
+        started = asyncio.get_running_loop().time()
+        async with self._topology_lock:
+            if self._topology_read_at >= started:
+                return  # another task read it while this one waited
+            await self._read_topology()
+            self._topology_read_at = asyncio.get_running_loop().time()
+
+    async def _read_topology(self) -> None:
+        manager = cast(RedisCluster, self.client).nodes_manager
+        before = list(manager.nodes_cache.values())
         try:
-            await cast(RedisCluster, self.client).nodes_manager.initialize()
-        except rex.RedisError as exc:  # the retry will try again
+            await manager.initialize()
+        except (rex.RedisError, rex.RedisClusterException) as exc:  # the retry tries again
             log.debug("could not read the cluster's topology: %r", exc)
+            return
+        kept = {id(node) for node in manager.nodes_cache.values()}
+        for node in before:
+            if id(node) not in kept:
+                await node.disconnect()
 
     async def transaction(
         self,

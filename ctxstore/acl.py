@@ -52,7 +52,9 @@ STORE = (
 ENQUEUE = ("watch", "unwatch", "psetex", "get")
 """arq's enqueue and job status, beyond the store's commands."""
 
-WORKER = ("expire", "incr", "set", "setex", "smembers", "srem", "zincrby", "zrangebyscore")
+WORKER = (
+    "expire", "incr", "incrby", "set", "setex", "smembers", "srem", "zincrby", "zrangebyscore",
+)  # fmt: skip
 """An arq worker (polling, in-progress locks, retries, results, health) and the sweep."""
 
 

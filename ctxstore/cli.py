@@ -224,6 +224,7 @@ async def _acl(settings: Settings, args: argparse.Namespace) -> int:
 def _write_private(path: str, text: str) -> None:
     """Write a file only its owner can read (it holds passwords or their hashes)."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # an existing file keeps its mode otherwise
     with os.fdopen(descriptor, "w") as out:
         out.write(text)
 

@@ -150,7 +150,9 @@ class ContextStore:
 
             url = shared_embedded_url()
         client = make_client(url, settings)
-        return cls(client, tenant=tenant or settings.tenant, settings=settings, **kwargs)
+        # Only a missing tenant falls back: an empty one is refused, not defaulted.
+        tenant = settings.tenant if tenant is None else tenant
+        return cls(client, tenant=tenant, settings=settings, **kwargs)
 
     @classmethod
     def from_url(cls, url: str, tenant: str, **kwargs: Any) -> ContextStore:
@@ -1146,14 +1148,20 @@ class ContextStore:
                 if info.summary_generation:
                     await self._forget_job(session, info.summary_generation)
                 removed += 1
+        await self._connection.transaction([("DEL", self._index)], key=self._index)
         limits = _keys.tenant_limits_key(self._prefix, self.tenant)
-        await self._connection.transaction([("DEL", self._index, limits)], key=self._index)
-        try:
-            await self._connection.transaction(
-                [("SREM", self._tenants, self.tenant)], key=self._tenants
-            )
-        except StoreError:
-            log.warning("could not remove %s from the tenants set (NOPERM?)", self.tenant)
+        # A tenant's own ACL user may neither change its limits nor the tenants
+        # set: an operator's forget removes them too.
+        for command, key in (
+            (("DEL", limits), limits),
+            (("SREM", self._tenants, self.tenant), self._tenants),
+        ):
+            try:
+                await self._connection.transaction([command], key=key)
+            except StoreError:
+                log.warning(
+                    "forget %s: could not run %s (not this user's?)", self.tenant, command[0]
+                )
         self._limits_cache = None
         self._reserved.clear()
         self._indexed.clear()

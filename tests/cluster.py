@@ -9,6 +9,7 @@ is replaced by its replica in two or three.
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -98,7 +99,8 @@ class Cluster:
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir),
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", "1000", "--appendonly", "yes", "--appendfsync", "always",
-             "--save", "", "--protected-mode", "no"],
+             "--save", "", "--protected-mode", "no", "--repl-diskless-sync-delay", "0",
+             "--logfile", str(node_dir / "redis.log")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -109,11 +111,20 @@ class Cluster:
             time.sleep(0.01)
 
     def wait_ok(self, timeout: float = 30) -> None:
-        """Wait until every live node says the cluster is ok (all slots served)."""
+        """Wait until every live node says the cluster is ok and every replica is in sync.
+
+        A replica that never finished its first sync cannot be promoted.
+        """
         deadline = time.monotonic() + timeout
         while True:
             live = [p for p, proc in self.processes.items() if proc.poll() is None]
-            if all("cluster_state:ok" in _command(p, "cluster", "info") for p in live):
+            replication = {p: _command(p, "info", "replication") for p in live}
+            synced = all(
+                "master_link_status:up" in info
+                for info in replication.values()
+                if "role:slave" in info
+            )
+            if synced and all("cluster_state:ok" in _command(p, "cluster", "info") for p in live):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not become ok")
@@ -127,17 +138,44 @@ class Cluster:
             if proc.poll() is None and "role:master" in _command(port, "info", "replication")
         ]
 
-    def primary_of(self, key: str) -> int:
-        """The port of the primary serving ``key``'s slot now."""
-        slot = int(_command(self.ports[0], "cluster", "keyslot", key).strip())
-        for line in _command(self.ports[0], "cluster", "nodes").splitlines():
+    def live(self) -> int:
+        """The port of a node that is running."""
+        return next(p for p, proc in self.processes.items() if proc.poll() is None)
+
+    def primary_of(self, key: str) -> int | None:
+        """The port of the primary serving ``key``'s slot now (None during a failover)."""
+        node = self.live()
+        slot = int(_command(node, "cluster", "keyslot", key).strip())
+        for line in _command(node, "cluster", "nodes").splitlines():
             parts = line.split()
             if "master" in parts[2] and "fail" not in parts[2]:
                 for span in parts[8:]:
                     low, _, high = span.partition("-")
                     if low.isdigit() and int(low) <= slot <= int(high or low):
                         return int(parts[1].split(":")[1].split("@")[0])
-        raise RuntimeError(f"no primary serves slot {slot}")
+        return None
+
+    def replica_of(self, primary: int) -> int:
+        """The port of a replica of the primary on ``primary``."""
+        lines = _command(self.live(), "cluster", "nodes").splitlines()
+        primary_id = next(line.split()[0] for line in lines if f":{primary}@" in line)
+        for line in lines:
+            parts = line.split()
+            if parts[3] == primary_id and "fail" not in parts[2]:
+                return int(parts[1].split(":")[1].split("@")[0])
+        raise RuntimeError(f"{primary} has no replica")
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP one node (it stops answering, and replicating)."""
+        self.processes[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        """SIGCONT a paused node."""
+        self.processes[port].send_signal(signal.SIGCONT)
+
+    def cut_replication(self, primary: int) -> None:
+        """Drop the primary's links to its replicas (they reconnect, unless paused)."""
+        _command(primary, "client", "kill", "type", "replica")
 
     def kill(self, port: int) -> None:
         """SIGKILL one node."""

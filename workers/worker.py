@@ -143,6 +143,7 @@ def worker_options(
     summarizer: Summarizer | None = None,
     burst: bool = False,
     job_timeout: float | None = None,
+    keep_result: float = 0,
 ) -> dict[str, Any]:
     """The keyword arguments of the arq ``Worker`` for these settings.
 
@@ -153,6 +154,9 @@ def worker_options(
         job_timeout: Seconds a job may run (a job whose worker died is run
             again this long plus 10 s later); from the summarizer timeout by
             default.
+        keep_result: Seconds arq keeps a job's result. None by default: the
+            outcome is on the session (``ctxstore status``), and a kept result
+            names its tenant and session after ``forget_tenant``.
     """
     timeout = job_timeout if job_timeout is not None else settings.summary_timeout * 4 + 30
     return {
@@ -161,7 +165,7 @@ def worker_options(
                 summarize_session,
                 name=JOB_FUNCTION,
                 timeout=timeout,
-                keep_result=300,
+                keep_result=keep_result,
                 max_tries=MAX_TRIES,
             )
         ],

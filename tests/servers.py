@@ -1,0 +1,290 @@
+"""Private redis-servers for tests that need a keyspace (or an ACL) of their own.
+
+The shared Redis is never reconfigured or flushed: a test that must see every
+key, load an ACL file or watch MONITOR starts its own server on a free
+loopback port, in a temp dir, with no persistence, and stops it when done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from arq import Worker
+from redis.asyncio import Redis
+
+from ctxstore import Settings
+from workers import build_worker
+
+__all__ = [
+    "Logged",
+    "Monitor",
+    "PrivateRedis",
+    "ServerPool",
+    "all_keys",
+    "close_worker",
+    "free_port",
+    "redis7_binary",
+    "run_burst",
+]
+
+
+def redis7_binary() -> str | None:
+    """The ``redis-server`` on PATH if it is Redis 7 or newer, else None."""
+    found = shutil.which("redis-server")
+    if found is None:
+        return None
+    try:
+        out = subprocess.run(
+            [found, "--version"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"v=(\d+)\.", out)
+    return found if match is not None and int(match.group(1)) >= 7 else None
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivateRedis:
+    """A redis-server of one test's own: loopback only, no persistence, in a temp dir.
+
+    Args:
+        binary: The redis-server to run.
+        acl: The text of an ACL file to load (``--aclfile``), or None.
+    """
+
+    def __init__(self, binary: str, *, acl: str | None = None) -> None:
+        self.binary = binary
+        self.dir = Path(tempfile.mkdtemp(prefix="ctxstore-private-"))
+        self.port = free_port()
+        self.acl_path: Path | None = None
+        if acl is not None:
+            self.acl_path = self.dir / "users.acl"
+            self.acl_path.write_text(acl)
+        self.log_path = self.dir / "redis.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def url(self, user: str | None = None, password: str | None = None, db: int = 0) -> str:
+        """The server's URL, as ``user`` if given (the default user otherwise)."""
+        auth = f"{user}:{password}@" if user is not None else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
+
+    def start(self) -> PrivateRedis:
+        """Start the server and wait until it answers PING."""
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            str(self.log_path),
+        ]
+        if self.acl_path is not None:
+            args += ["--aclfile", str(self.acl_path)]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            if self.process.poll() is not None:
+                raise AssertionError(f"redis-server exited at start:\n{self._log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"redis-server did not answer:\n{self._log()}"
+            time.sleep(0.01)  # polls a condition (the server answering), with a deadline
+
+    def stop(self) -> None:
+        """Stop the server (if running) and remove its dir."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _log(self) -> str:
+        try:
+            return self.log_path.read_text()[-4000:]
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> PrivateRedis:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+async def all_keys(url: str) -> set[str]:
+    """Every key on the server at ``url`` (an admin's SCAN; private servers only)."""
+    client = Redis.from_url(url, decode_responses=True)
+    try:
+        return {key async for key in client.scan_iter(count=1000)}
+    finally:
+        await client.aclose()
+
+
+class ServerPool:
+    """Starts private servers for one test and stops them all (a fixture's teardown)."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self._started: list[PrivateRedis] = []
+
+    def start(self, *, acl: str | None = None) -> PrivateRedis:
+        """A new running server (loading ``acl`` as its ACL file, if given)."""
+        server = PrivateRedis(self.binary, acl=acl)
+        self._started.append(server)
+        return server.start()
+
+    def stop_all(self) -> None:
+        """Stop every server this pool started."""
+        for server in self._started:
+            server.stop()
+        self._started.clear()
+
+
+async def close_worker(worker: Worker) -> None:
+    """Close an arq worker (its shutdown closes the store and queue too).
+
+    arq 0.28's ``Worker.close`` calls redis-py 5's deprecated ``close()`` on its
+    pool; that one warning, from that one call, is not ours to fix.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"Call to deprecated close\.", category=DeprecationWarning
+        )
+        await worker.close()
+
+
+async def run_burst(settings: Settings, summarizer: Any) -> Worker:
+    """Run a burst worker on ``settings`` until its queue is empty, then close it."""
+    worker = build_worker(settings, summarizer=summarizer, burst=True)
+    try:
+        await worker.main()
+    finally:
+        await close_worker(worker)
+    return worker
+
+
+@dataclass(frozen=True, slots=True)
+class Logged:
+    """One command MONITOR reported.
+
+    Attributes:
+        source: ``lua`` for a command a script ran, else the client's address.
+        args: The command and its arguments, as sent.
+    """
+
+    source: str
+    args: tuple[bytes, ...]
+
+
+_LINE = re.compile(r"\+\d+\.\d+ \[\d+ ([^\]]+)\] (.*)")
+_ESCAPES = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b", '"': b'"', "\\": b"\\"}
+
+
+def parse_monitor_line(line: str) -> Logged:
+    """Parse one MONITOR line: quoted arguments, escaped as Redis's ``sdscatrepr`` does."""
+    match = _LINE.fullmatch(line)
+    assert match is not None, f"not a MONITOR line: {line!r}"
+    text, args, i = match.group(2), [], 0
+    while i < len(text):
+        assert text[i] == '"', f"unquoted argument in {line!r}"
+        i += 1
+        arg = bytearray()
+        while text[i] != '"':
+            if text[i] == "\\":
+                if text[i + 1] == "x":
+                    arg.append(int(text[i + 2 : i + 4], 16))
+                    i += 4
+                    continue
+                arg += _ESCAPES[text[i + 1]]
+                i += 2
+                continue
+            arg += text[i].encode()
+            i += 1
+        args.append(bytes(arg))
+        i += 2  # the closing quote and the space after it
+    return Logged(match.group(1), tuple(args))
+
+
+class Monitor:
+    """A MONITOR connection to a private server, read up to a marker on demand.
+
+    Use as an async context manager; :meth:`drain` returns what was logged
+    since the last drain. It sends ``ECHO <marker>`` on another connection and
+    reads until that command shows up: every command Redis ran before it has
+    been reported by then (no waiting on time).
+
+    Args:
+        port: The server's loopback port (the default user, with no password).
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._marker_client = Redis(host="127.0.0.1", port=port)
+
+    async def __aenter__(self) -> Monitor:
+        self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self._writer.write(b"MONITOR\r\n")
+        await self._writer.drain()
+        assert await self._reader.readline() == b"+OK\r\n"
+        await self.drain()  # the marker connection's own set-up
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._marker_client.aclose()
+        if self._writer is not None:
+            self._writer.close()
+            await self._writer.wait_closed()
+
+    async def drain(self) -> list[Logged]:
+        """Every command logged since the last drain (the markers left out)."""
+        assert self._reader is not None
+        marker = f"monitor-marker-{uuid.uuid4().hex}".encode()
+        await self._marker_client.echo(marker)
+        logged: list[Logged] = []
+        async with asyncio.timeout(30):
+            while True:
+                line = (await self._reader.readline()).decode("ascii").rstrip("\r\n")
+                entry = parse_monitor_line(line)
+                if entry.args == (b"ECHO", marker):
+                    return logged
+                logged.append(entry)
