@@ -34,6 +34,9 @@ bench: $(STAMP)
 stress: $(STAMP)
 	$(BIN)/python -m bench.stress
 
+load: $(STAMP)
+	$(BIN)/python -m bench.load
+
 soak: $(STAMP)
 	$(BIN)/python -m bench.stress --total 200000
 	$(BIN)/pytest -q -m soak

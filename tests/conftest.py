@@ -15,10 +15,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from cluster import Cluster
 from redis.asyncio import Redis, RedisCluster
 
 from ctxstore import ContextStore, EmbeddedRedis, Settings
+from ctxstore.testing import LocalCluster as Cluster
 
 RUN_PREFIX = f"ctxtest-{uuid.uuid4().hex[:10]}"
 

@@ -12,13 +12,13 @@ import warnings
 from collections.abc import Iterator
 
 import pytest
-from cluster import Cluster
 from conftest import RUN_PREFIX
 from helpers import conversation
 
 from ctxstore import ContextStore, ReplicationError, Settings, StoreUnavailableError
 from ctxstore.jobs import SummaryQueue
 from ctxstore.testing import FakeSummarizer
+from ctxstore.testing import LocalCluster as Cluster
 from workers import build_worker
 
 
