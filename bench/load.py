@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             failed = failed or any(counts)
             cells = (
                 row["primaries"], f"{row['appends_per_s']:.0f}", f"{row['views_per_s']:.0f}",
-                f"{row['view_p50_ms']:.2f}ms", f"{row['view_p99_ms']:.2f}ms", int(row["lag_median"]),
+                f"{row['view_p50_ms']:.2f}ms", f"{row['view_p99_ms']:.2f}ms",
+                int(row["lag_median"]),
                 row["lag_p95"], row["final_lag_max"], row["summary_runs"], *counts,
             )  # fmt: skip
             print("  ".join(f"{c:>9}" for c in cells), flush=True)
