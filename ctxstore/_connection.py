@@ -29,7 +29,12 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as rconn
 
 from ctxstore._scripts import Script
-from ctxstore.errors import ReplicationError, StoreError, StoreUnavailableError
+from ctxstore.errors import (
+    InvalidInputError,
+    ReplicationError,
+    StoreError,
+    StoreUnavailableError,
+)
 from ctxstore.settings import Settings
 
 __all__ = ["Connection", "make_client"]
@@ -182,6 +187,11 @@ class Connection:
 
         No retry here: :meth:`call` wraps it.
         """
+        for command in commands:
+            for arg in command:
+                # hiredis crashes the process on an int over 4300 digits; Redis takes int64.
+                if isinstance(arg, int) and not -(2**63) <= arg < 2**63:
+                    raise InvalidInputError(f"a number out of Redis's range in {command[0]}")
         if transaction:
             commands = [("MULTI",), *commands, ("EXEC",)]
         packed = b"".join(hiredis.pack_command(tuple(c)) for c in commands)

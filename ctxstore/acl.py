@@ -42,12 +42,13 @@ CONNECTION = ("ping", "client|setname", "select")
 before Redis 7.2 and ignored when refused.)"""
 
 STORE = (
-    "del", "eval", "evalsha", "exec", "exists", "hdel", "hget", "hgetall", "hincrby",
-    "hkeys", "hmget", "hset", "multi", "discard", "persist", "pexpire", "pttl", "rename",
-    "sadd", "time", "xadd", "xrange", "xrevrange", "zadd", "zcard", "zrange",
+    "del", "eval", "evalsha", "exec", "exists", "hdel", "hexists", "hget", "hgetall",
+    "hincrby", "hkeys", "hmget", "hset", "multi", "discard", "persist", "pexpire", "pttl",
+    "rename", "sadd", "time", "wait", "xadd", "xrange", "xrevrange", "zadd", "zcard", "zrange",
     "zremrangebyscore", "zrem", "zrevrangebyscore", "zscore",
 )  # fmt: skip
-"""The SDK's commands, and those its Lua scripts call (TIME and RENAME among them)."""
+"""The SDK's commands (WAIT for ``replica_acks``), and those its Lua scripts call
+(TIME, RENAME and HEXISTS among them)."""
 
 ENQUEUE = ("watch", "unwatch", "psetex", "get")
 """arq's enqueue and job status, beyond the store's commands."""

@@ -22,6 +22,9 @@ __all__ = ["Budget", "resolve_budget"]
 
 log = logging.getLogger(__name__)
 
+MAX_BUDGET = 100_000_000
+"""The largest budget accepted: far beyond any model's window."""
+
 
 @dataclass(frozen=True, slots=True)
 class Budget:
@@ -65,9 +68,14 @@ def resolve_budget(
     info = _provider_info(provider)
     model = model or info.get("model")
     if token_budget is not None:
-        if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget <= 0:
+        if (
+            isinstance(token_budget, bool)
+            or not isinstance(token_budget, int)
+            or not 0 < token_budget <= MAX_BUDGET
+        ):
             raise InvalidInputError(
-                f"token_budget must be a positive integer, not {token_budget!r}"
+                f"token_budget must be an integer from 1 to {MAX_BUDGET:,}, "
+                f"not a {type(token_budget).__name__} out of range"
             )
         tokens, source = token_budget, "explicit"
     elif info.get("window"):

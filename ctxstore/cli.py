@@ -165,13 +165,8 @@ async def _sweep(settings: Settings, args: argparse.Namespace) -> int:
 
     queue = await SummaryQueue.connect(settings)
     async with ContextStore.from_settings(settings) as base:
-        stores: dict[str, ContextStore] = {}
-
-        def store_for(tenant: str) -> ContextStore:
-            return stores.setdefault(tenant, base.for_tenant(tenant))
-
         try:
-            report = await sweep(store_for, queue)
+            report = await sweep(base, queue)
         finally:
             await queue.aclose()
     print(json.dumps(asdict(report)))

@@ -22,6 +22,7 @@ before encryption was turned on) and read as they are.
 from __future__ import annotations
 
 import base64
+import binascii
 import os
 from collections.abc import Mapping
 from functools import lru_cache
@@ -54,7 +55,10 @@ class Keyring:
     def __init__(self, keys: Mapping[str, bytes | str], active: str) -> None:
         self._keys: dict[str, bytes] = {}
         for key_id, key in keys.items():
-            raw = base64.b64decode(key, validate=True) if isinstance(key, str) else key
+            try:
+                raw = base64.b64decode(key, validate=True) if isinstance(key, str) else key
+            except (binascii.Error, ValueError) as exc:
+                raise ConfigurationError(f"encryption key {key_id!r} is not base64") from exc
             if len(raw) != 32:
                 raise ConfigurationError(f"encryption key {key_id!r} must be 32 bytes")
             if not key_id or len(key_id.encode()) > 64:
@@ -101,7 +105,7 @@ class Keyring:
             )
         try:
             return self._cipher(tenant, key_id).decrypt(nonce, body, _aad(tenant, session))
-        except InvalidTag as exc:
+        except (InvalidTag, ValueError) as exc:  # ValueError: a nonce cut short
             raise DecryptionError(
                 f"a value sealed with key {key_id!r} does not open: wrong key or altered",
                 tenant=tenant,

@@ -19,14 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from arq.jobs import Job, JobStatus
 
-from ctxstore._keys import tenants_key
 from ctxstore.settings import Settings
 from ctxstore.store import ContextStore
 
@@ -150,7 +148,7 @@ class SweepReport:
 
 
 async def sweep(
-    store_for: Callable[[str], ContextStore],
+    base: ContextStore,
     queue: SummaryQueue,
     *,
     lookback_seconds: float = 86_400,
@@ -167,19 +165,20 @@ async def sweep(
     trigger with its flag down (the threshold was lowered) is queued too.
 
     Args:
-        store_for: The store of a tenant.
+        base: A store on the store's Redis (any tenant); the sweep works
+            through ``base.for_tenant`` on its connections.
         queue: The queue.
         lookback_seconds: How far back activity counts.
         grace_seconds: How long a raised flag may wait for its enqueue.
         limit: The most sessions per tenant per sweep.
     """
     settings = queue.settings
-    tenants: set[bytes] = await cast(Any, queue.pool).smembers(tenants_key(settings.key_prefix))
+    # The tenants set is on the store's Redis, which may not be the queue's.
+    tenants = await base.list_tenants()
     now_ms = int(time.time() * 1000)
     looked = queued = waiting = 0
-    for raw_tenant in sorted(tenants):
-        tenant = raw_tenant.decode() if isinstance(raw_tenant, bytes) else str(raw_tenant)
-        store = store_for(tenant)
+    for tenant in tenants:
+        store = base if tenant == base.tenant else base.for_tenant(tenant)
         rows = await store.list_sessions(limit=limit)
         for row in rows:
             if row.last_active_ms < now_ms - lookback_seconds * 1000:

@@ -180,7 +180,10 @@ class Lease:
             return False
         self._released = True
         released = await self._connection.script(
-            SCRIPTS.lease_release, (self._keys.lease,), (self.token,), session=self.session
+            SCRIPTS.lease_release,
+            (self._keys.lease, self._keys.meta),
+            (self.token,),
+            session=self.session,
         )
         return int(released) == 1
 

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic import ValidationError as PydanticValidationError
+from pydantic_core import from_json
 
 from ctxstore.errors import InvalidMessageError, MessageTooLargeError
 
@@ -123,7 +124,7 @@ _KNOWN_BLOCKS = {"text", "image", "tool_use", "tool_result", "thinking", "redact
 
 def _block_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in _KNOWN_BLOCKS else "other"
+    return kind if isinstance(kind, str) and kind in _KNOWN_BLOCKS else "other"
 
 
 ContentBlock = Annotated[
@@ -248,16 +249,26 @@ def check_message(message: object, *, max_bytes: int, index: int | None = None) 
         data = json.dumps(
             message, ensure_ascii=False, separators=(",", ":"), allow_nan=False
         ).encode()
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidMessageError(
             f"a message must be JSON-serializable: {exc}", index=index
         ) from exc
     if len(data) > max_bytes:
         raise MessageTooLargeError(len(data), max_bytes, index=index)
+    # JSON would turn tuples into lists and non-string keys into strings: refuse
+    # what would not come back out equal.
+    if from_json(data) != message:
+        raise InvalidMessageError(
+            "a message may hold only JSON values (dicts with string keys, lists, "
+            "strings, numbers, booleans and null): it would not come back out equal",
+            index=index,
+        )
     try:
         model = _MESSAGE.validate_python(message)
     except PydanticValidationError as exc:
         raise InvalidMessageError(_describe(exc), index=index) from None
+    except RecursionError as exc:
+        raise InvalidMessageError("a message is nested too deeply", index=index) from exc
     blocks = model.content if isinstance(model.content, list) else []
     call_ids = tuple(c.id for c in model.tool_calls or ()) + tuple(
         b.id for b in blocks if isinstance(b, ToolUseBlock)
@@ -521,10 +532,10 @@ class TenantLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    message_bytes: Annotated[int, Field(gt=0)] | None = None
-    session_bytes: Annotated[int, Field(gt=0)] | None = None
-    session_tokens: Annotated[int, Field(gt=0)] | None = None
-    sessions: Annotated[int, Field(gt=0)] | None = None
-    appends_per_second: Annotated[float, Field(gt=0)] | None = None
-    append_burst: Annotated[int, Field(gt=0)] | None = None
-    ttl_seconds: Annotated[int, Field(gt=0)] | None = None
+    message_bytes: Annotated[int, Field(gt=0, lt=2**53)] | None = None
+    session_bytes: Annotated[int, Field(gt=0, lt=2**53)] | None = None
+    session_tokens: Annotated[int, Field(gt=0, lt=2**53)] | None = None
+    sessions: Annotated[int, Field(gt=0, lt=2**53)] | None = None
+    appends_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    append_burst: Annotated[int, Field(gt=0, lt=2**53)] | None = None
+    ttl_seconds: Annotated[int, Field(gt=0, le=100 * 365 * 86_400)] | None = None

@@ -17,7 +17,8 @@ from ctxstore._keys import validate_id, validate_prefix
 __all__ = ["Settings"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Seconds = Annotated[int, Field(gt=0, le=100 * 365 * 86_400)]  # up to a century
 
 
 class Settings(BaseSettings):
@@ -125,14 +126,14 @@ class Settings(BaseSettings):
     default_token_budget: PositiveInt = 100_000
     provider_safety_margin: Annotated[int, Field(ge=0)] = 1_000
     max_message_bytes: PositiveInt = 1_048_576
-    session_ttl_seconds: PositiveInt | None = None
+    session_ttl_seconds: Seconds | None = None
     connect_timeout: PositiveFloat = 2.0
     operation_timeout: PositiveFloat = 5.0
     retry_attempts: Annotated[int, Field(ge=0, le=100)] = 3
     retry_base_delay: PositiveFloat = 0.05
     retry_max_delay: PositiveFloat = 1.0
-    lease_ttl_seconds: PositiveFloat = 30.0
-    lease_wait_seconds: Annotated[float, Field(ge=0)] = 10.0
+    lease_ttl_seconds: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 30.0
+    lease_wait_seconds: Annotated[float, Field(ge=0, le=86_400, allow_inf_nan=False)] = 10.0
     token_safety_factors: dict[str, Annotated[float, Field(ge=1.0, le=4.0)]] = Field(
         default_factory=lambda: {"claude": 1.4, "anthropic": 1.4}
     )
@@ -175,6 +176,12 @@ class Settings(BaseSettings):
     @classmethod
     def _check_tenant(cls, value: str) -> str:
         return validate_id(value, "tenant")
+
+    @field_validator("anthropic_api_key")
+    @classmethod
+    def _empty_key_is_no_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty ANTHROPIC_API_KEY (a blank line in a Secret) means: no key.
+        return value if value is not None and value.get_secret_value().strip() else None
 
     @model_validator(mode="after")
     def _check_encryption(self) -> Settings:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -296,6 +297,7 @@ class ContextStore:
         )
         status = _text(reply[0])
         if status == "conflict":
+            await self._unlist_if_unwritten(session, keys)
             raise ConflictError(
                 expected_seq if expected_seq is not None else -1,
                 int(reply[1]),
@@ -304,6 +306,7 @@ class ContextStore:
                 key=keys.meta,
             )
         if status == "quota":
+            await self._unlist_if_unwritten(session, keys)
             raise self._quota_error(reply, session, keys.meta)
         due = int(reply[1])
         results = [
@@ -323,12 +326,17 @@ class ContextStore:
     def _idempotency_keys(self, session: str, given: Sequence[str] | None, count: int) -> list[str]:
         if given is None:
             return [f"{self._key_prefix}{next(self._key_counter):x}" for _ in range(count)]
-        if isinstance(given, str) or len(given) != count:
+        if not isinstance(given, list | tuple) or len(given) != count:
             raise InvalidInputError(
                 f"idempotency_keys must be a list of {count} strings", session=session
             )
         for key in given:
-            if not isinstance(key, str) or not key or len(key) > _MAX_IDEMPOTENCY_KEY:
+            if (
+                not isinstance(key, str)
+                or not key
+                or len(key) > _MAX_IDEMPOTENCY_KEY
+                or not _encodable(key)
+            ):
                 raise InvalidInputError(
                     f"an idempotency key must be 1 to {_MAX_IDEMPOTENCY_KEY} characters",
                     session=session,
@@ -737,10 +745,18 @@ class ContextStore:
         Raises:
             LeaseHeldError: Another holder kept it for longer than ``wait_s``.
         """
-        ttl = self.settings.lease_ttl_seconds if ttl_s is None else ttl_s
-        wait = self.settings.lease_wait_seconds if wait_s is None else wait_s
-        if ttl <= 0 or wait < 0:
-            raise InvalidInputError("ttl_s must be positive and wait_s not negative")
+        ttl = _check_seconds(
+            self.settings.lease_ttl_seconds if ttl_s is None else ttl_s,
+            "ttl_s",
+            low=0.001,
+            high=_DAY,
+        )
+        wait = _check_seconds(
+            self.settings.lease_wait_seconds if wait_s is None else wait_s,
+            "wait_s",
+            low=0,
+            high=_DAY,
+        )
         return await Lease.acquire(
             self._connection,
             self.keys(session),
@@ -848,10 +864,12 @@ class ContextStore:
         if status == "quota":
             if lease is None:
                 await held.release()
+            await self._unlist_if_unwritten(session, keys)
             raise self._quota_error(reply, session, keys.meta)
         if status == "conflict":
             if lease is None:
                 await held.release()
+            await self._unlist_if_unwritten(session, keys)
             raise ConflictError(
                 expected_seq if expected_seq is not None else -1,
                 int(reply[1]),
@@ -1096,7 +1114,13 @@ class ContextStore:
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 10_000:
             raise InvalidInputError("limit must be an integer from 1 to 10,000")
-        high: str | int = "+inf" if before_ms is None else f"({int(before_ms)}"
+        if before_ms is not None and (
+            isinstance(before_ms, bool)
+            or not isinstance(before_ms, int)
+            or not 0 <= before_ms <= _INT64
+        ):
+            raise InvalidInputError("before_ms must be None or a time in milliseconds")
+        high: str | int = "+inf" if before_ms is None else f"({before_ms}"
         ttl_ms = (await self._limits(None)).ttl_ms
         commands: list[tuple[Any, ...]] = []
         if ttl_ms:
@@ -1111,6 +1135,16 @@ class ContextStore:
         return [
             SessionSummary(_text(rows[i]), int(float(rows[i + 1]))) for i in range(0, len(rows), 2)
         ]
+
+    async def list_tenants(self) -> list[str]:
+        """Every tenant that has written a session (for operators and the workers' sweep).
+
+        A tenant's own ACL user may not run this: it names other tenants.
+        """
+        (members,) = await self._connection.transaction(
+            [("SMEMBERS", self._tenants)], key=self._tenants
+        )
+        return sorted(_text(m) for m in members)
 
     async def delete(self, session: str) -> bool:
         """Delete a session and everything of it. True if it existed."""
@@ -1192,9 +1226,11 @@ class ContextStore:
         """
         keys = self.keys(session)
         if seconds is not None and (
-            isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0
+            isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 < seconds <= _MAX_TTL
         ):
-            raise InvalidInputError("seconds must be a positive integer or None", session=session)
+            raise InvalidInputError(
+                f"seconds must be None or an integer from 1 to {_MAX_TTL}", session=session
+            )
         # The lease and the idempotency keys keep their own expiry.
         data_keys = (keys.log, keys.meta, keys.keep, keys.view)
         commands: list[tuple[Any, ...]] = [("EXISTS", keys.meta)]
@@ -1345,6 +1381,20 @@ class ContextStore:
             self._reserved.clear()
         self._reserved.add(session)
 
+    async def _unlist_if_unwritten(self, session: str, keys: _keys.SessionKeys) -> None:
+        """After a refused first write: take the session back out of the tenant's index.
+
+        The index entry (and the session quota's slot) is taken before the
+        write; a write refused for a session that does not exist must not
+        leave the session listed, nor count against the quota.
+        """
+        (exists,) = await self._connection.transaction([("EXISTS", keys.meta)], key=keys.meta)
+        if int(exists):
+            return
+        await self._connection.transaction([("ZREM", self._index, session)], key=self._index)
+        self._indexed.pop(session, None)
+        self._reserved.discard(session)
+
     def _quota_error(self, reply: list[Any], session: str, key: str) -> QuotaExceededError:
         return QuotaExceededError(
             _text(reply[1]),
@@ -1483,11 +1533,39 @@ def _summary_body(summary: SummaryText | None) -> str | None:
     return body.removeprefix("<summary>\n").removesuffix("\n</summary>")
 
 
+_INT64 = 2**63 - 1
+_DAY = 86_400.0
+_MAX_TTL = 100 * 365 * 86_400  # a century, in seconds: PEXPIRE takes it in ms
+
+
 def _check_seq(expected_seq: object) -> None:
     if expected_seq is not None and (
-        isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0
+        isinstance(expected_seq, bool)
+        or not isinstance(expected_seq, int)
+        or not 0 <= expected_seq <= _INT64
     ):
-        raise InvalidInputError("expected_seq must be a non-negative integer or None")
+        raise InvalidInputError("expected_seq must be None or an integer from 0 to 2**63-1")
+
+
+def _encodable(text: str) -> bool:
+    """True when ``text`` is valid UTF-8 (no lone surrogates): what Redis can be sent."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_seconds(value: object, name: str, *, low: float, high: float) -> float:
+    """A finite number of seconds within [low, high], or InvalidInputError."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        raise InvalidInputError(f"{name} must be a number of seconds from {low:g} to {high:g}")
+    return float(value)
 
 
 def _check_entry_id(entry_id: object, session: str) -> str:

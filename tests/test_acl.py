@@ -480,7 +480,7 @@ async def test_the_sweep_as_the_worker_user_queues_what_a_tenant_user_could_not(
     queue = await SummaryQueue.connect(settings)
     try:
         async with ContextStore.from_settings(settings) as base:
-            report = await sweep(base.for_tenant, queue, grace_seconds=0)
+            report = await sweep(base, queue, grace_seconds=0)
             gen = (await base.for_tenant("beta").info("long")).summary_generation
         assert (report.sessions, report.queued, report.waiting) == (1, 1, 0)
         assert await queue.status("beta", "long", gen) == JobStatus.queued

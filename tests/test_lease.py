@@ -39,7 +39,8 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 async def test_fence_grows_with_every_acquisition(timed: ContextStore) -> None:
-    """Each acquisition gets a larger fencing number, even after release."""
+    """On a session, each acquisition gets a larger fencing number, even after release."""
+    await timed.append("s", USER)
     fences = []
     for _ in range(3):
         lease = await timed.lease("s", wait_s=0)
@@ -50,6 +51,7 @@ async def test_fence_grows_with_every_acquisition(timed: ContextStore) -> None:
 
 async def test_a_held_lease_is_not_given_twice(timed: ContextStore) -> None:
     """While one holder has it, another gets LeaseHeldError after its wait."""
+    await timed.append("s", USER)
     first = await timed.lease("s", wait_s=0)
     with pytest.raises(LeaseHeldError):
         await timed.lease("s", wait_s=0)
@@ -60,6 +62,7 @@ async def test_a_held_lease_is_not_given_twice(timed: ContextStore) -> None:
 
 async def test_waiting_taker_gets_the_lease_when_it_is_released(timed: ContextStore) -> None:
     """A taker that waits gets the lease as soon as the holder releases it."""
+    await timed.append("s", USER)
     first = await timed.lease("s", wait_s=0)
     waiting = asyncio.create_task(timed.lease("s", wait_s=5))
     await asyncio.sleep(0)
@@ -160,9 +163,20 @@ async def test_kept_alive_marks_the_lease_lost(timed: ContextStore, clock: Manua
 
 async def test_server_clock_is_used_by_default(store: ContextStore) -> None:
     """Without an injected clock, leases expire by the Redis server's time."""
+    await store.append("s", USER)
     lease = await store.lease("s", ttl_s=30, wait_s=0)
     now_ms = (await store._connection.client.time())[0] * 1000
     assert now_ms + 25_000 < lease.expires_ms <= now_ms + 31_000
     async with lease:
         pass
     assert (await store.lease("s", wait_s=0)).fence == lease.fence + 1
+
+
+async def test_a_lease_on_a_session_never_written_leaves_nothing(
+    store: ContextStore, raw_redis: Redis
+) -> None:
+    """Taking and giving back a lease on a session never written leaves no key."""
+    lease = await store.lease("ghost", wait_s=0)
+    assert await raw_redis.exists(store.keys("ghost").meta)  # the fence lives in meta
+    assert await lease.release()
+    assert not any([await raw_redis.exists(k) for k in store.keys("ghost").all()])

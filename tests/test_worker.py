@@ -534,7 +534,7 @@ async def test_the_sweep_queues_a_lost_job_once_and_leaves_a_live_one_waiting(
     for session in ("lost", "live"):
         await raw_redis.hset(store.keys(session).meta, "sq_at", an_hour_ago)
 
-    report = await sweep(lambda t: {tenant: store}[t], queue)
+    report = await sweep(store, queue)
 
     assert (report.sessions, report.queued, report.waiting) == (2, 1, 1)
     assert await queue.depth() == 2
@@ -542,7 +542,7 @@ async def test_the_sweep_queues_a_lost_job_once_and_leaves_a_live_one_waiting(
     assert requeued > lost_gen
     assert await queue.status(tenant, "lost", requeued) == JobStatus.queued
     assert (await store.info("live")).summary_generation == live_gen
-    again = await sweep(lambda t: {tenant: store}[t], queue)
+    again = await sweep(store, queue)
     assert (again.queued, again.waiting) == (0, 2)
     assert await queue.depth() == 2
 

@@ -133,7 +133,7 @@ async def summarize_session(
 
 async def sweep_sessions(ctx: dict[str, Any]) -> dict[str, int]:
     """The cron job: queue again the summaries whose job was lost or failed long ago."""
-    report = await sweep(lambda tenant: store_for(ctx, tenant), ctx["queue"])
+    report = await sweep(ctx["base"], ctx["queue"])
     return asdict(report)
 
 

@@ -71,10 +71,10 @@ if fresh > 0 then
   end
   local max_bytes, max_tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
   if max_bytes > 0 and bytes + new_bytes > max_bytes then
-    return {'quota', 'session_bytes', max_bytes, bytes + new_bytes}
+    return {'quota', 'session_bytes', tostring(max_bytes), tostring(bytes + new_bytes)}
   end
   if max_tokens > 0 and tokens + new_tokens > max_tokens then
-    return {'quota', 'session_tokens', max_tokens, tokens + new_tokens}
+    return {'quota', 'session_tokens', tostring(max_tokens), tostring(tokens + new_tokens)}
   end
   local rate = tonumber(ARGV[9])
   if rate > 0 then
@@ -85,7 +85,8 @@ if fresh > 0 then
     local last = tonumber(meta[14]) or rate_at
     rate_tokens = math.min(burst, (tonumber(meta[13]) or burst) + (rate_at - last) * rate / 1000)
     if rate_tokens < fresh then
-      return {'quota', 'appends_per_second', rate, fresh - rate_tokens}
+      -- Strings: Redis would truncate a fractional Lua number to an integer.
+      return {'quota', 'appends_per_second', tostring(rate), tostring(fresh - rate_tokens)}
     end
     rate_tokens = rate_tokens - fresh
   end

@@ -57,10 +57,10 @@ for i = 1, n do
   new_tokens = new_tokens + tonumber(ARGV[base + 2])
 end
 if tonumber(ARGV[7]) > 0 and new_bytes > tonumber(ARGV[7]) then
-  return {'quota', 'session_bytes', tonumber(ARGV[7]), new_bytes}
+  return {'quota', 'session_bytes', ARGV[7], tostring(new_bytes)}
 end
 if tonumber(ARGV[8]) > 0 and new_tokens > tonumber(ARGV[8]) then
-  return {'quota', 'session_tokens', tonumber(ARGV[8]), new_tokens}
+  return {'quota', 'session_tokens', ARGV[8], tostring(new_tokens)}
 end
 
 local superseded = tonumber(meta[3]) or 0

@@ -1,0 +1,518 @@
+"""The deployment files under deploy/: they parse, hang together, and match the code.
+
+Pure file checks: no Docker, no Kubernetes, no network. Settings are built
+from the files' variables the way a container reads them (its environment),
+with every other ``CTXSTORE_*`` variable of the test run removed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from arq.connections import RedisSettings
+
+from ctxstore import Settings
+from ctxstore.acl import POD_USER, WORKER_USER
+from workers import worker_options
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+NAMESPACE = "ctxstore"
+CHECK = ["ctxstore", "worker", "--check"]
+PLACEHOLDER = re.compile(r"CHANGE-ME[\w-]*")
+VARIABLE = re.compile(r"\bCTXSTORE_[A-Z][A-Z0-9_]*")
+WORKLOADS = {"Deployment", "StatefulSet"}
+
+
+def k8s_documents() -> list[tuple[Path, dict[str, Any]]]:
+    """Every Kubernetes document under deploy/k8s/, with its file."""
+    found = []
+    for path in sorted(K8S.rglob("*.yaml")):
+        found += [(path, doc) for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    return found
+
+
+def manifest(kind: str, name: str) -> dict[str, Any]:
+    """The one document of this kind and name."""
+    matches = [
+        doc for _, doc in k8s_documents() if doc["kind"] == kind and doc["metadata"]["name"] == name
+    ]
+    assert len(matches) == 1, f"{len(matches)} {kind} named {name}"
+    return matches[0]
+
+
+def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    """The pod template of every workload, by workload name."""
+    for _, doc in k8s_documents():
+        if doc["kind"] in WORKLOADS:
+            yield doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+
+
+def container(workload: str) -> dict[str, Any]:
+    """The single container of a workload."""
+    spec = dict(pod_specs())[workload]
+    (only,) = spec["containers"]
+    return dict(only)
+
+
+def compose() -> dict[str, Any]:
+    """deploy/compose.yaml."""
+    return dict(yaml.safe_load((DEPLOY / "compose.yaml").read_text()))
+
+
+def secret_data(doc: dict[str, Any]) -> dict[str, str]:
+    """A Secret template's values, placeholders replaced by test values."""
+    assert "data" not in doc, "templates use stringData, readable and editable"
+    return {k: PLACEHOLDER.sub("test-password", v) for k, v in doc["stringData"].items()}
+
+
+def env_sources(workload: str) -> dict[str, str]:
+    """What a workload's container gets from its envFrom ConfigMaps and Secrets."""
+    values: dict[str, str] = {}
+    for source in container(workload).get("envFrom", []):
+        if "configMapRef" in source:
+            values |= manifest("ConfigMap", source["configMapRef"]["name"])["data"]
+        else:
+            values |= secret_data(manifest("Secret", source["secretRef"]["name"]))
+    return values
+
+
+def settings_from(env: dict[str, str | None], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings as a container with exactly this CTXSTORE_* environment reads them."""
+    for name in [n for n in os.environ if n.startswith("CTXSTORE_") or n == "ANTHROPIC_API_KEY"]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def job_timeout(settings: Settings) -> float:
+    """The longest a job may run on a worker built with these settings (arq's timeout)."""
+    options = worker_options(settings)
+    (job,) = options["functions"]
+    return max(float(job.timeout_s), float(options["job_completion_wait"]))
+
+
+def duration(text: str) -> float:
+    """Seconds in a Compose duration such as ``300s`` or ``4m30s``."""
+    units = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(us|ms|s|m|h)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"not a duration: {text}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def directives(conf: str) -> dict[str, str]:
+    """A redis.conf's directives (comments and blank lines dropped)."""
+    found: dict[str, str] = {}
+    for line in conf.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, _, value = line.partition(" ")
+            assert name.lower() not in found, f"{name} given twice"
+            found[name.lower()] = value.strip()
+    return found
+
+
+def exporter() -> ModuleType:
+    """deploy/queue_depth_exporter.py, imported (it serves nothing on import)."""
+    spec = importlib.util.spec_from_file_location(
+        "queue_depth_exporter", DEPLOY / "queue_depth_exporter.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def dockerfile_final_stage() -> list[str]:
+    """The instructions of the Dockerfile's last stage, continuation lines joined."""
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    last_from = max(i for i, ln in enumerate(lines) if ln.upper().startswith("FROM "))
+    return lines[last_from:]
+
+
+# Files
+
+
+def test_every_yaml_file_parses() -> None:
+    """Every YAML file under deploy/ parses and holds at least one document."""
+    paths = sorted(DEPLOY.rglob("*.yaml")) + sorted(DEPLOY.rglob("*.yml"))
+    assert len(paths) >= 5
+    for path in paths:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        assert docs, f"{path} is empty"
+        assert all(isinstance(d, dict) for d in docs), path
+
+
+def test_every_k8s_document_is_named_in_the_namespace() -> None:
+    """Every Kubernetes document has apiVersion, kind and a name, in the ctxstore namespace."""
+    docs = k8s_documents()
+    assert {"Namespace", "ConfigMap", "Secret", "Deployment", "StatefulSet"} <= {
+        d["kind"] for _, d in docs
+    }
+    for path, doc in docs:
+        assert doc.get("apiVersion") and doc.get("kind"), path
+        assert doc["metadata"]["name"], path
+        if doc["kind"] == "Namespace":
+            assert doc["metadata"]["name"] == NAMESPACE
+        else:
+            assert doc["metadata"].get("namespace") == NAMESPACE, (path, doc["metadata"])
+
+
+def test_selectors_match_their_pods() -> None:
+    """Every workload, Service and PodDisruptionBudget selects pods that a workload creates."""
+    pod_labels = [
+        doc["spec"]["template"]["metadata"]["labels"]
+        for _, doc in k8s_documents()
+        if doc["kind"] in WORKLOADS
+    ]
+    assert pod_labels
+    for path, doc in k8s_documents():
+        if doc["kind"] in WORKLOADS:
+            selector = doc["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= doc["spec"]["template"]["metadata"]["labels"].items(), path
+        elif doc["kind"] in {"Service", "PodDisruptionBudget"}:
+            selector = doc["spec"]["selector"]
+            selector = selector.get("matchLabels", selector)
+            assert any(selector.items() <= lbl.items() for lbl in pod_labels), (path, selector)
+
+
+def test_every_reference_to_a_configmap_or_secret_resolves() -> None:
+    """Every ConfigMap and Secret a pod reads (envFrom, env, volumes) is defined, with the key."""
+    seen = 0
+    for workload, spec in pod_specs():
+        for c in spec["containers"]:
+            for source in c.get("envFrom", []):
+                kind, ref = (
+                    ("ConfigMap", source["configMapRef"])
+                    if "configMapRef" in source
+                    else ("Secret", source["secretRef"])
+                )
+                manifest(kind, ref["name"])
+                seen += 1
+            for var in c.get("env", []):
+                ref = var.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["key"] in manifest("Secret", ref["name"])["stringData"], workload
+                    seen += 1
+        for volume in spec.get("volumes", []):
+            for source in volume.get("projected", {}).get("sources", []):
+                kind = "ConfigMap" if "configMap" in source else "Secret"
+                ref = source.get("configMap") or source["secret"]
+                data = (
+                    manifest(kind, ref["name"]).get("data")
+                    or manifest(kind, ref["name"])["stringData"]
+                )
+                assert {item["key"] for item in ref["items"]} <= data.keys(), workload
+                seen += 1
+    assert seen >= 6
+
+
+def test_every_pod_runs_non_root_on_a_read_only_root() -> None:
+    """Every pod runs as a non-root user, on a read-only root fs, without privilege escalation."""
+    for workload, spec in pod_specs():
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True, workload
+        assert pod.get("runAsUser", 1) != 0, workload
+        assert spec.get("automountServiceAccountToken") is False, workload
+        for c in spec["containers"]:
+            ctx = c["securityContext"]
+            assert ctx["readOnlyRootFilesystem"] is True, workload
+            assert ctx["allowPrivilegeEscalation"] is False, workload
+            assert ctx["capabilities"]["drop"] == ["ALL"], workload
+            assert c["resources"]["limits"]["memory"], workload
+
+
+# The worker
+
+
+def test_worker_probes_run_the_health_check() -> None:
+    """The worker's startup, readiness and liveness probes run `ctxstore worker --check`."""
+    worker = container("ctxstore-worker")
+    assert worker["args"] == ["worker"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert worker[probe]["exec"]["command"] == CHECK, probe
+        # A probe starts a Python process: about a second; the default timeout is 1 s.
+        assert worker[probe]["timeoutSeconds"] >= 5, probe
+
+
+def test_worker_grace_period_covers_the_job_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's termination grace period is at least the longest a job may run."""
+    spec = dict(pod_specs())["ctxstore-worker"]
+    defaults = settings_from({"CTXSTORE_REDIS_URL": "redis://r:6379/0"}, monkeypatch)
+    assert job_timeout(defaults) == defaults.summary_timeout * 4 + 30
+    configured = settings_from(dict(env_sources("ctxstore-worker")), monkeypatch)
+    needed = max(job_timeout(defaults), job_timeout(configured))
+    assert spec["terminationGracePeriodSeconds"] >= needed
+    assert "lifecycle" not in container("ctxstore-worker"), "SIGTERM alone drains a worker"
+
+
+def test_worker_name_is_the_pod_name() -> None:
+    """CTXSTORE_WORKER_NAME comes from the pod's name, so each pod checks its own key."""
+    env = {v["name"]: v for v in container("ctxstore-worker")["env"]}
+    ref = env["CTXSTORE_WORKER_NAME"]["valueFrom"]["fieldRef"]
+    assert ref["fieldPath"] == "metadata.name"
+
+
+def test_worker_requests_and_limits_resources() -> None:
+    """The worker sets CPU and memory requests and limits, requests within limits."""
+    resources = container("ctxstore-worker")["resources"]
+    assert {"cpu", "memory"} <= resources["requests"].keys()
+    assert {"cpu", "memory"} <= resources["limits"].keys()
+    mebibytes = {k: int(v.removesuffix("Mi")) for k, v in resources["limits"].items() if "Mi" in v}
+    assert int(resources["requests"]["memory"].removesuffix("Mi")) <= mebibytes["memory"]
+
+
+def test_worker_disruption_budget_lets_drains_through() -> None:
+    """The workers' PodDisruptionBudget allows one eviction at a time, even at one replica."""
+    budget = manifest("PodDisruptionBudget", "ctxstore-worker")["spec"]
+    assert budget.get("maxUnavailable") == 1 and "minAvailable" not in budget
+
+
+# Settings named in the files
+
+
+def test_every_ctxstore_variable_is_a_setting() -> None:
+    """Every CTXSTORE_* name under deploy/ and in the README is a Settings field."""
+    fields = set(Settings.model_fields)
+    names: dict[str, set[str]] = {}
+    for path in [ROOT / "README.md", *sorted(p for p in DEPLOY.rglob("*") if p.is_file())]:
+        for name in VARIABLE.findall(path.read_text()):
+            names.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    assert len(names) >= 10
+    unknown = {n: w for n, w in names.items() if n.removeprefix("CTXSTORE_").lower() not in fields}
+    assert not unknown, unknown
+
+
+@pytest.mark.parametrize(
+    ("workload", "user"),
+    [
+        ("ctxstore-worker", WORKER_USER),
+        ("ctxstore-queue-depth", POD_USER),
+        ("example-agent", POD_USER),
+    ],
+)
+def test_pod_environment_parses_into_settings(
+    workload: str, user: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod's ConfigMap and Secret values (placeholders filled) all land in Settings."""
+    c = container(workload)
+    env: dict[str, str | None] = dict(env_sources(workload))
+    for var in c.get("env", []):
+        ref = var.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            env[var["name"]] = secret_data(manifest("Secret", ref["name"]))[ref["key"]]
+        elif "value" in var:
+            env[var["name"]] = var["value"]
+    for name in env:
+        assert name.startswith("CTXSTORE_") or name == "ANTHROPIC_API_KEY", (workload, name)
+    settings = settings_from(env, monkeypatch)
+    fields = {n.removeprefix("CTXSTORE_").lower() for n in env}
+    assert fields <= settings.model_fields_set, fields - settings.model_fields_set
+    urls = [u for u in (settings.redis_url, settings.queue_url) if u is not None]
+    assert urls
+    for url in urls:
+        assert RedisSettings.from_dsn(url).username == user, (workload, url)
+
+
+def test_secret_urls_name_the_redis_service() -> None:
+    """The Secrets' URLs name the Redis StatefulSet's pod, through its headless Service."""
+    statefulset = manifest("StatefulSet", "ctxstore-redis")
+    service = manifest("Service", statefulset["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None"
+    host = f"{statefulset['metadata']['name']}-0.{service['metadata']['name']}.{NAMESPACE}"
+    urls = [
+        value
+        for _, doc in k8s_documents()
+        if doc["kind"] == "Secret"
+        for key, value in secret_data(doc).items()
+        if key.startswith("CTXSTORE_") and key.endswith("_URL")
+    ]
+    assert len(urls) >= 4
+    for url in urls:
+        parts = urlsplit(url)
+        assert parts.scheme == "redis" and parts.password == "test-password"
+        assert parts.hostname is not None and parts.hostname.startswith(host + ".svc")
+        assert parts.port == service["spec"]["ports"][0]["port"]
+
+
+# Compose
+
+
+def test_compose_worker_health_check_and_grace_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose's worker runs the health check and waits the job timeout before SIGKILL."""
+    worker = compose()["services"]["worker"]
+    assert worker["command"] == ["worker"]
+    assert worker["healthcheck"]["test"] == ["CMD", *CHECK]
+    settings = settings_from(worker["environment"], monkeypatch)
+    assert "CTXSTORE_WORKER_NAME" not in worker["environment"], "scaled workers share a name"
+    defaults = settings_from({"CTXSTORE_REDIS_URL": settings.redis_url}, monkeypatch)
+    needed = max(job_timeout(settings), job_timeout(defaults))
+    assert duration(worker["stop_grace_period"]) >= needed
+    assert worker.get("stop_signal", "SIGTERM") == "SIGTERM"
+
+
+def test_compose_services_wait_for_a_healthy_redis(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose runs redis:7 with deploy/redis.conf and its AOF on a volume; the others wait."""
+    spec = compose()
+    redis = spec["services"]["redis"]
+    assert redis["image"] == "redis:7"
+    conf = next(v for v in redis["volumes"] if v.startswith("./redis.conf:"))
+    assert conf.split(":")[1] in redis["command"]
+    data = next(v for v in redis["volumes"] if v.split(":")[1] == "/data")
+    assert data.split(":")[0] in spec["volumes"], "the AOF is on a named volume"
+    assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
+    assert spec["services"]["demo"]["command"] == ["demo"]
+    for name in ("worker", "demo"):
+        service = spec["services"][name]
+        assert service["depends_on"]["redis"]["condition"] == "service_healthy", name
+        assert service["build"]["dockerfile"] == "deploy/Dockerfile", name
+        assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+        settings = settings_from(service["environment"], monkeypatch)
+        assert urlsplit(settings.redis_url or "").hostname == "redis", name
+        # Passed through only when set: an empty key would select Anthropic's summarizer.
+        assert service["environment"].get("ANTHROPIC_API_KEY", None) is None, name
+
+
+# Redis
+
+
+def test_redis_configmap_sets_durability_acl_and_noeviction() -> None:
+    """The Redis ConfigMap's redis.conf fsyncs every write, never evicts, and loads the ACL file."""
+    conf = directives(manifest("ConfigMap", "ctxstore-redis-config")["data"]["redis.conf"])
+    assert conf["appendonly"] == "yes"
+    assert conf["appendfsync"] == "always"
+    assert conf["maxmemory-policy"] == "noeviction"
+    assert conf["aclfile"] == "/etc/redis/users.acl"
+
+
+def test_redis_conf_copies_agree() -> None:
+    """deploy/redis.conf and the ConfigMap's copy agree on every directive but aclfile."""
+    local = directives((DEPLOY / "redis.conf").read_text())
+    k8s = directives(manifest("ConfigMap", "ctxstore-redis-config")["data"]["redis.conf"])
+    assert "aclfile" not in local, "deploy/redis.conf keeps aclfile commented"
+    k8s.pop("aclfile")
+    assert local == k8s
+    assert "stream-node-max-bytes" in local
+
+
+def test_redis_mounts_its_config_and_acl_where_redis_conf_says() -> None:
+    """The StatefulSet runs redis:7 on the mounted redis.conf, ACL file at the aclfile path."""
+    redis = container("ctxstore-redis")
+    assert redis["image"] == "redis:7"
+    assert "command" not in redis, "the image's entrypoint stays in front"
+    conf = directives(manifest("ConfigMap", "ctxstore-redis-config")["data"]["redis.conf"])
+    volumes = {v["name"]: v for v in dict(pod_specs())["ctxstore-redis"]["volumes"]}
+    mounted: set[str] = set()
+    for mount in redis["volumeMounts"]:
+        volume = volumes.get(mount["name"], {})
+        for source in volume.get("projected", {}).get("sources", []):
+            ref = source.get("configMap") or source["secret"]
+            mounted |= {f"{mount['mountPath']}/{item['path']}" for item in ref["items"]}
+    assert conf["aclfile"] in mounted
+    (conf_path,) = [a for a in redis["args"] if a.endswith(".conf")]
+    assert conf_path in mounted
+
+
+def test_redis_keeps_its_aof_on_a_claim() -> None:
+    """Redis's working directory, where the AOF goes, is a PersistentVolumeClaim."""
+    statefulset = manifest("StatefulSet", "ctxstore-redis")
+    claims = {c["metadata"]["name"] for c in statefulset["spec"]["volumeClaimTemplates"]}
+    data = [m for m in container("ctxstore-redis")["volumeMounts"] if m["mountPath"] == "/data"]
+    assert len(data) == 1 and data[0]["name"] in claims
+    assert "dir" not in directives(
+        manifest("ConfigMap", "ctxstore-redis-config")["data"]["redis.conf"]
+    ), "the image's working directory, /data, is the AOF's"
+
+
+def test_redis_acl_template_shuts_the_default_user() -> None:
+    """The ACL template disables `default`, holds no comments, and has the probes' user."""
+    acl = manifest("Secret", "ctxstore-redis-acl")["stringData"]
+    lines = acl["users.acl"].splitlines()
+    assert "user default off" in lines
+    assert not [ln for ln in lines if ln.lstrip().startswith("#")], "an ACL file holds no comments"
+    probe = container("ctxstore-redis")["readinessProbe"]["exec"]["command"]
+    user = shlex.split(probe[-1])[shlex.split(probe[-1]).index("--user") + 1]
+    (line,) = [ln for ln in lines if ln.startswith(f"user {user} ")]
+    assert "+ping" in line.split() and "-@all" in line.split()
+    assert f">{acl['probe-password']}" in line.split()
+
+
+# Autoscaling
+
+
+def test_scaled_object_scales_the_worker_on_the_exporter() -> None:
+    """The ScaledObject scales the worker Deployment on the exporter's /depth, min 1 (the sweep)."""
+    scaled = manifest("ScaledObject", "ctxstore-worker")["spec"]
+    assert scaled["scaleTargetRef"]["name"] == "ctxstore-worker"
+    manifest("Deployment", scaled["scaleTargetRef"]["name"])
+    assert scaled["minReplicaCount"] >= 1
+    assert scaled["maxReplicaCount"] > scaled["minReplicaCount"]
+    (trigger,) = scaled["triggers"]
+    assert trigger["type"] == "metrics-api"
+    assert all(isinstance(v, str) for v in trigger["metadata"].values())
+    url = urlsplit(trigger["metadata"]["url"])
+    service_name, namespace = (url.hostname or "").split(".")[:2]
+    service = manifest("Service", service_name)
+    assert namespace == NAMESPACE
+    assert url.port == service["spec"]["ports"][0]["port"]
+    assert url.path == "/depth"
+    module = exporter()
+    location = trigger["metadata"]["valueLocation"]
+    assert location == module.VALUE_LOCATION
+    assert json.loads(module.body(7))[location] == 7
+
+
+def test_exporter_runs_the_script_the_image_ships() -> None:
+    """The exporter Deployment runs the script at the path the Dockerfile copies it to."""
+    command = container("ctxstore-queue-depth")["command"]
+    script = next(arg for arg in command if arg.endswith(".py"))
+    copies = [ln.split()[1:] for ln in dockerfile_final_stage() if ln.startswith("COPY ")]
+    assert ["deploy/queue_depth_exporter.py", script] in copies
+
+
+# The image
+
+
+def test_dockerfile_installs_the_repo_and_runs_ctxstore_as_non_root() -> None:
+    """The image is python:3.11-slim, installs the repo, runs `ctxstore` as non-root."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^RUN pip wheel .*--wheel-dir /wheels \.$", text, re.M), "builds the repo"
+    stage = dockerfile_final_stage()
+    assert stage[0].split()[1] == "python:3.11-slim"
+    assert any(ln.startswith("RUN ") and "pip install" in ln and "ctxstore" in ln for ln in stage)
+    (user,) = [ln.split()[1] for ln in stage if ln.startswith("USER ")]
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0
+    (entrypoint,) = [ln for ln in stage if ln.startswith("ENTRYPOINT ")]
+    assert json.loads(entrypoint.removeprefix("ENTRYPOINT ")) == ["ctxstore"]
+
+
+def test_dockerignore_lets_in_what_the_dockerfile_copies() -> None:
+    """Every file the Dockerfile copies from the context is let in by its .dockerignore."""
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    allowed = {ln[1:].rstrip("/") for ln in ignore if ln.startswith("!")}
+    text = (DEPLOY / "Dockerfile").read_text()
+    sources = [
+        src
+        for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M)
+        for src in line.split()[:-1]
+    ]
+    assert len(sources) >= 4
+    for src in sources:
+        assert src.rstrip("/").removeprefix("./") in allowed, src
+        assert (ROOT / src).exists(), src
