@@ -320,3 +320,25 @@ async def test_redis_down_gives_a_typed_error_within_bounded_time(
         with pytest.raises(StoreUnavailableError):
             await store.view("s", token_budget=100)
         assert time.monotonic() - started < 5
+
+
+@pytest.mark.soak
+async def test_soak_many_writers_many_rewrites(
+    store: ContextStore, redis_url: str, tenant: str
+) -> None:
+    """Soak (make soak): 16 processes x 2,000 appends racing 200 rewrites, fully accounted."""
+    queue = SPAWN.Queue()
+    processes = [
+        SPAWN.Process(
+            target=procs.writer, args=(redis_url, RUN_PREFIX, tenant, w, ["busy"], 2_000, queue)
+        )
+        for w in range(16)
+    ] + [SPAWN.Process(target=procs.rewriter, args=(redis_url, RUN_PREFIX, tenant, 200, queue))]
+    reports = collect(queue, processes, timeout=1_800)
+    rewrites = [
+        WriteResult(epoch=e, seq=0, count=c, superseded=sup)
+        for e, sup, c in reports.pop("rewriter")
+    ]
+    found = await audit(store, "busy", acks_of(reports, "busy"), rewrites, key_of=writer_key)
+    assert (found.lost, found.duplicated, found.out_of_order) == (0, 0, 0)
+    assert found.checked == 16 * 2_000
