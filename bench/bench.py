@@ -7,6 +7,7 @@ server weighs on both alike. Raw baselines use redis-py as it comes
 
 1. **Append latency** for a ~200 B chat turn, a ~1 KB message and an ~8 KB
    tool result; baseline: one ``XADD key * m <the same JSON bytes>``.
+   Target: within 1.5x of the baseline (p50), for each size.
 2. **View latency**, ``ContextStore.view(session, token_budget=8000)`` at
    histories of 100, 1,000 and 10,000 ~1 KB messages (every other turn an
    assistant message with two parallel tool calls and their results);
@@ -120,6 +121,7 @@ TRIGGER_TOKENS = 4_000
 TRIGGER_KEEP_TOKENS = 1_000
 SUMMARIZE_EVERY = 100  # appends of the trigger store between two (untimed) jobs
 
+APPEND_VS_RAW_LIMIT = 1.5
 FLAT_VIEW_LIMIT = 1.3
 VIEW_VS_RAW_LIMIT = 2.0
 SUMMARY_VIEW_LIMIT = 1.3
@@ -734,6 +736,10 @@ async def bench_append(bench: Bench) -> None:
         _progress(f"append: {label}")
         rows.append({"case": label, **await time_append(bench, f"append-{number}", pool)})
     bench.report["append"] = rows
+    bench.targets += [
+        Target(f"append {row['case']} / raw XADD (p50)", row["ratio_p50"], APPEND_VS_RAW_LIMIT)
+        for row in rows
+    ]
 
 
 async def bench_view(bench: Bench) -> None:

@@ -1222,6 +1222,8 @@ class ContextStore:
         """Give this session its own TTL (refreshed on every write), or none.
 
         Raises:
+            InvalidInputError: ``seconds`` is neither None nor an integer from 1
+                to a century (3,153,600,000).
             SessionNotFoundError: The session does not exist.
         """
         keys = self.keys(session)

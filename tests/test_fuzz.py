@@ -267,10 +267,15 @@ ENTRY_IDS = mostly(
     | TEXT
     | ARG_WILD,
 )
-# set_ttl: at most 10**15 s (see test_a_ttl_redis_cannot_hold_changes_nothing).
+# set_ttl: the store takes at most a century; wild values up to 10**15 s (see
+# test_a_ttl_redis_cannot_hold_changes_nothing), and the cap's edges.
+TTL_CAP = 100 * 365 * 86_400
 TTLS = mostly(
     st.none() | st.integers(60, 10**6),
-    st.integers(max_value=10**15) | ODD_INTS.filter(lambda n: n <= 10**15) | ARG_WILD,
+    st.integers(max_value=10**15)
+    | st.sampled_from([TTL_CAP, TTL_CAP + 1])
+    | ODD_INTS.filter(lambda n: n <= 10**15)
+    | ARG_WILD,
 )
 # view: at most 2**1000 (see test_a_view_budget_too_large_for_a_float_is_refused).
 BUDGETS = mostly(
@@ -574,7 +579,7 @@ async def test_session_calls_take_anything(
     elif method == "set_ttl":
         seconds = args[0]
         done = await s.call("set_ttl", seconds)
-        valid = seconds is None or (type(seconds) is int and seconds > 0)
+        valid = seconds is None or (type(seconds) is int and 0 < seconds <= TTL_CAP)
         if isinstance(done, Refused):
             assert not (s.seeded and valid), f"valid set_ttl refused: {done.error!r}"
             if s.valid and valid:
