@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -205,17 +206,29 @@ def test_entry_point_is_registered() -> None:
 
 
 def test_amplifier_core_validate_passes(redis_url: str) -> None:
-    """`amplifier-core validate context` passes against the adapter."""
+    """`amplifier-core validate context` passes against the adapter.
+
+    amplifier-core's engine leaves tokio threads running at exit, and now and
+    then one of them touches the GIL while the interpreter finalizes: the
+    process aborts *after* printing its verdict (the crash class of
+    PyO3/pyo3-async-runtimes#40; about one run in a hundred here). Such a run
+    is repeated, at most twice; the verdict itself is never retried away.
+    """
     cli = Path(sys.executable).with_name("amplifier-core")
-    done = subprocess.run(
-        [str(cli), "validate", "context", str(ADAPTER)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "PASSED" in done.stdout
+    for _ in range(3):
+        done = subprocess.run(
+            [str(cli), "validate", "context", str(ADAPTER)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        output = done.stdout + done.stderr
+        assert "PASSED" in done.stdout, output
+        torn_down = done.returncode == -signal.SIGABRT and "finalizing" in done.stderr
+        if not torn_down:
+            break
+    assert done.returncode == 0, output
 
 
 def test_settings_keys_exist() -> None:
