@@ -40,6 +40,7 @@ __all__ = [
     "FakeSummarizer",
     "LocalCluster",
     "ManualClock",
+    "PortTakenError",
     "WordCounter",
     "audit",
 ]
@@ -213,15 +214,30 @@ async def audit(
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` loopback ports free now (and their cluster bus ports, +10000)."""
+    """``count`` loopback ports free now, with their cluster bus ports (+10000).
+
+    No port is another's bus port: a node whose bus port is a second node's
+    port cannot start.
+    """
     ports: list[int] = []
+    taken: set[int] = set()
     while len(ports) < count:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port + 10000 < 65536 and port not in ports:
+        port = _bind_free(0)
+        bus = port + 10000
+        if bus < 65536 and not {port, bus} & taken and _bind_free(bus) == bus:
             ports.append(port)
+            taken |= {port, bus}
     return ports
+
+
+def _bind_free(port: int) -> int:
+    """Bind ``port`` on loopback (0: any) and let it go: the port, or 0 if taken."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return 0
+        return int(sock.getsockname()[1])
 
 
 def _ping(port: int) -> bool:
@@ -242,6 +258,10 @@ def _command(port: int, *args: str) -> str:
         check=False,
     )
     return done.stdout
+
+
+class PortTakenError(RuntimeError):
+    """A node could not bind its port or its cluster bus port."""
 
 
 @dataclass
@@ -271,18 +291,40 @@ class LocalCluster:
 
     @classmethod
     def start(cls, primaries: int = 3, replicas: int = 1) -> LocalCluster:
-        """Start the nodes, create the cluster, and wait until every slot is served."""
+        """Start the nodes, create the cluster, and wait until every slot is served.
+
+        Ports are free when chosen but another process may take one before
+        its node binds it: the nodes are then stopped and the cluster started
+        again on new ports, up to three times. Whatever fails, no node is
+        left running.
+        """
         if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
             raise RuntimeError("redis-server and redis-cli are needed for a cluster")
-        cluster = cls(free_ports(primaries * (1 + replicas)), tempfile.mkdtemp(prefix="ctxcl-"))
-        for port in cluster.ports:
-            cluster.start_node(port)
+        attempts = 3
+        while True:
+            attempts -= 1
+            cluster = cls(free_ports(primaries * (1 + replicas)), tempfile.mkdtemp(prefix="ctxcl-"))
+            try:
+                cluster._create(primaries, replicas)
+                return cluster
+            except PortTakenError:
+                cluster.stop()
+                if not attempts:
+                    raise
+            except BaseException:
+                cluster.stop()
+                raise
+
+    def _create(self, primaries: int, replicas: int) -> None:
+        """Start every node and join them into a cluster."""
+        for port in self.ports:
+            self.start_node(port)
         if primaries == 1 and replicas == 0:
             # redis-cli --cluster create wants three primaries: one node takes every slot.
-            _command(cluster.ports[0], "cluster", "addslotsrange", "0", "16383")
-            cluster.wait_ok()
-            return cluster
-        addresses = [f"127.0.0.1:{port}" for port in cluster.ports]
+            _command(self.ports[0], "cluster", "addslotsrange", "0", "16383")
+            self.wait_ok()
+            return
+        addresses = [f"127.0.0.1:{port}" for port in self.ports]
         done = subprocess.run(
             ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", str(replicas),
              "--cluster-yes"],
@@ -292,10 +334,8 @@ class LocalCluster:
             check=False,
         )  # fmt: skip
         if done.returncode != 0:
-            cluster.stop()
             raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout}{done.stderr}")
-        cluster.wait_ok()
-        return cluster
+        self.wait_ok()
 
     def start_node(self, port: int) -> None:
         """Start (or restart) the node on ``port``."""
@@ -312,6 +352,10 @@ class LocalCluster:
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while not _ping(port):
+            if self.processes[port].poll() is not None:
+                log = (node_dir / "redis.log").read_text(errors="replace")
+                failure = PortTakenError if "Address already in use" in log else RuntimeError
+                raise failure(f"redis-server on {port} exited: {log[-500:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on {port} did not start")
             time.sleep(0.01)

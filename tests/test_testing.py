@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from ctxstore import ContextStore
-from ctxstore.testing import Ack, ManualClock, WordCounter, audit
+import pytest
+
+from ctxstore import ContextStore, testing
+from ctxstore.testing import Ack, LocalCluster, ManualClock, PortTakenError, WordCounter, audit
 
 
 def key(message: dict[str, Any]) -> tuple[str, int] | None:
@@ -55,3 +63,88 @@ def test_manual_clock_and_word_counter() -> None:
     clock.advance(1.5)
     assert clock.now_ms() == 2500
     assert WordCounter().count("three little words") == 3
+
+
+needs_redis_server = pytest.mark.skipif(
+    shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
+    reason="redis-server and redis-cli are needed for a local cluster",
+)
+
+
+def test_free_ports_never_hand_out_a_port_that_is_another_ports_bus() -> None:
+    """Each port and its cluster bus port (+10000) are distinct from every other."""
+    ports = testing.free_ports(40)
+    every = ports + [port + 10000 for port in ports]
+    assert len(set(every)) == len(every)
+    assert max(every) < 65536
+
+
+@contextmanager
+def listening() -> Iterator[int]:
+    """A loopback port held by a listening socket for the duration."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def track_nodes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[subprocess.Popen[bytes], str]]:
+    """Record every node LocalCluster starts, with its directory."""
+    started: list[tuple[subprocess.Popen[bytes], str]] = []
+    start_node = LocalCluster.start_node
+
+    def tracked(self: LocalCluster, port: int) -> None:
+        try:
+            start_node(self, port)
+        finally:
+            started.append((self.processes[port], self.directory))
+
+    monkeypatch.setattr(LocalCluster, "start_node", tracked)
+    return started
+
+
+@needs_redis_server
+def test_a_cluster_whose_port_was_taken_starts_again_on_new_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node that cannot bind its port makes start() retry on fresh ports."""
+    started = track_nodes(monkeypatch)
+    chosen: list[list[int]] = []
+    free_ports = testing.free_ports
+    with listening() as taken:
+
+        def rigged(count: int) -> list[int]:
+            chosen.append([taken] if not chosen else free_ports(count))
+            return chosen[-1]
+
+        monkeypatch.setattr(testing, "free_ports", rigged)
+        cluster = LocalCluster.start(primaries=1, replicas=0)
+    try:
+        assert len(chosen) == 2 and cluster.ports == chosen[1]
+        assert started[0][0].poll() is not None  # the node on the taken port exited
+        assert not Path(started[0][1]).exists()
+        info = subprocess.run(
+            ["redis-cli", "-p", str(cluster.ports[0]), "cluster", "info"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "cluster_state:ok" in info.stdout
+    finally:
+        cluster.stop()
+
+
+@needs_redis_server
+def test_a_cluster_that_cannot_start_leaves_no_node_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every attempt's good nodes are stopped and its directory removed; the error says why."""
+    started = track_nodes(monkeypatch)
+    free_ports = testing.free_ports
+    with listening() as taken:
+        monkeypatch.setattr(testing, "free_ports", lambda count: [*free_ports(count - 1), taken])
+        with pytest.raises(PortTakenError, match="Address already in use"):
+            LocalCluster.start(primaries=2, replicas=0)
+    assert len(started) == 6  # three attempts, a good node and the one on the taken port
+    assert all(process.poll() is not None for process, _ in started)
+    assert not any(Path(directory).exists() for _, directory in started)
