@@ -10,7 +10,8 @@ all be 0.
 
 Run: ``make stress`` (``python -m bench.stress [--quick]``). Uses
 ``CTXSTORE_REDIS_URL``, else 127.0.0.1:6379 if it answers, else an embedded
-Redis; writes only keys under its own prefix, and removes them.
+Redis; writes only keys under its own prefix (its summary jobs go to a queue of
+its own), and removes them with arq's keys of its jobs.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ async def process_main(
     rewrites: bool,
 ) -> dict[str, Any]:
     """One process: its writer tasks, a viewer and (maybe) a rewriter; report what happened."""
-    settings = Settings(redis_url=url, key_prefix=prefix, retry_attempts=10)
+    settings = run_settings(url, prefix, retry_attempts=10)
     acks: list[tuple[str, Ack]] = []
     rewrite_results: list[tuple[str, WriteResult]] = []
     view_ms: list[float] = []
@@ -171,7 +172,7 @@ async def run_config(url: str, writers: int, sessions: int, turns: int) -> dict[
     reports = [queue.get(timeout=600) for _ in children]
     for child in children:
         child.join()
-    settings = Settings(redis_url=url, key_prefix=prefix)
+    settings = run_settings(url, prefix)
     totals = Counter[str]()
     async with ContextStore.from_settings(settings, tenant=tenant) as store:
         for session in names:
@@ -202,12 +203,23 @@ async def run_config(url: str, writers: int, sessions: int, turns: int) -> dict[
     }
 
 
+def run_settings(url: str, prefix: str, **extra: Any) -> Settings:
+    """Settings for one configuration: its own key prefix and its own summary queue.
+
+    The summary trigger stays on, as in production, but its jobs go to a queue
+    no worker serves, never to the shared default one.
+    """
+    return Settings(redis_url=url, key_prefix=prefix, queue_name=f"{prefix}:summaries", **extra)
+
+
 async def _drop(url: str, prefix: str) -> None:
+    """Delete the configuration's keys, its queue, and arq's keys of its jobs."""
     client = Redis.from_url(url)
     try:
-        keys = [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)]
-        for i in range(0, len(keys), 500):
-            await client.delete(*keys[i : i + 500])
+        for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
+            keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
+            for i in range(0, len(keys), 500):
+                await client.delete(*keys[i : i + 500])
     finally:
         await client.aclose()
 
