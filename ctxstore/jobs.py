@@ -11,27 +11,39 @@ and its enqueue) or failed long enough ago.
 
 The queue lives on ``Settings.queue_url`` (the store's Redis by default):
 arq cannot run on Redis Cluster, so a cluster store keeps its queue on a
-standalone Redis. Jobs are serialized as JSON, not pickle.
+standalone Redis, or on one that Redis Sentinel watches
+(``redis+sentinel://`` URLs). Jobs are serialized as JSON, not pickle.
+
+A queue that cannot be reached costs an append one bounded attempt: the
+queue fails fast, with :class:`~ctxstore.errors.StoreUnavailableError`, and
+never waits longer than ``connect_timeout`` plus ``operation_timeout``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from arq.jobs import Job, JobStatus
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ctxstore.settings import Settings
+from ctxstore.errors import StoreUnavailableError
+from ctxstore.settings import Settings, sentinel_address
 from ctxstore.store import ContextStore
 
 __all__ = [
     "JOB_FUNCTION",
     "SummaryQueue",
     "SweepReport",
+    "close_sentinels",
     "deserialize",
     "job_id",
     "queue_redis_settings",
@@ -62,16 +74,47 @@ def job_id(settings: Settings, tenant: str, session: str, generation: int) -> st
     return f"{settings.key_prefix}:sum:{tenant}:{session}:{generation}"
 
 
-def queue_redis_settings(settings: Settings) -> RedisSettings:
-    """Arq's connection settings for the queue's Redis."""
+def queue_redis_settings(settings: Settings, *, conn_retries: int = 0) -> RedisSettings:
+    """Arq's connection settings for the queue's Redis.
+
+    Args:
+        settings: ``queue_url`` (else ``redis_url``, else the embedded Redis).
+        conn_retries: How many more times arq tries to connect, a second
+            apart: none for a client on a request path (the sweep makes up
+            for a lost enqueue); a worker may wait for its Redis to come up.
+    """
     url = settings.queue_url or settings.redis_url
     if url is None:
         from ctxstore.embedded import shared_embedded_url
 
         url = shared_embedded_url()
-    redis_settings = RedisSettings.from_dsn(url)
+    sentinel = sentinel_address(url)
+    if sentinel is None:
+        redis_settings = RedisSettings.from_dsn(url)
+    else:
+        redis_settings = RedisSettings(
+            host=list(sentinel.sentinels),
+            sentinel=True,
+            sentinel_master=sentinel.master,
+            database=sentinel.db,
+            username=sentinel.username,
+            password=sentinel.password,
+        )
     redis_settings.conn_timeout = max(1, int(settings.connect_timeout))
+    redis_settings.conn_retries = conn_retries
     return redis_settings
+
+
+@asynccontextmanager
+async def _bounded(seconds: float, doing: str) -> AsyncIterator[None]:
+    """Turn a queue that does not answer within ``seconds`` into StoreUnavailableError."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except (TimeoutError, OSError, RedisConnectionError, RedisTimeoutError) as exc:
+        raise StoreUnavailableError(
+            f"the summary queue's Redis failed to {doing}: {exc!r}"
+        ) from exc
 
 
 class SummaryQueue:
@@ -88,13 +131,19 @@ class SummaryQueue:
 
     @classmethod
     async def connect(cls, settings: Settings) -> SummaryQueue:
-        """Open a pool on the queue's Redis (``queue_url``, else the store's)."""
-        pool = await create_pool(
-            queue_redis_settings(settings),
-            job_serializer=serialize,
-            job_deserializer=deserialize,
-            default_queue_name=settings.queue_name,
-        )
+        """Open a pool on the queue's Redis (``queue_url``, else the store's).
+
+        Raises:
+            StoreUnavailableError: No answer within ``connect_timeout`` plus
+                ``operation_timeout`` (one attempt: no retries).
+        """
+        async with _bounded(settings.connect_timeout + settings.operation_timeout, "connect"):
+            pool = await create_pool(
+                queue_redis_settings(settings),
+                job_serializer=serialize,
+                job_deserializer=deserialize,
+                default_queue_name=settings.queue_name,
+            )
         return cls(pool, settings)
 
     async def __call__(self, tenant: str, session: str, generation: int) -> None:
@@ -102,15 +151,20 @@ class SummaryQueue:
         await self.enqueue(tenant, session, generation)
 
     async def enqueue(self, tenant: str, session: str, generation: int) -> bool:
-        """Queue one job; False if arq already has that job id."""
-        job = await self.pool.enqueue_job(
-            JOB_FUNCTION,
-            tenant,
-            session,
-            generation,
-            _job_id=job_id(self.settings, tenant, session, generation),
-            _queue_name=self.settings.queue_name,
-        )
+        """Queue one job; False if arq already has that job id.
+
+        Raises:
+            StoreUnavailableError: The queue did not answer within ``operation_timeout``.
+        """
+        async with _bounded(self.settings.operation_timeout, "queue a job"):
+            job = await self.pool.enqueue_job(
+                JOB_FUNCTION,
+                tenant,
+                session,
+                generation,
+                _job_id=job_id(self.settings, tenant, session, generation),
+                _queue_name=self.settings.queue_name,
+            )
         return job is not None
 
     async def status(self, tenant: str, session: str, generation: int) -> JobStatus:
@@ -121,15 +175,28 @@ class SummaryQueue:
             _queue_name=self.settings.queue_name,
             _deserializer=deserialize,
         )
-        return await job.status()
+        async with _bounded(self.settings.operation_timeout, "read a job's status"):
+            return await job.status()
 
     async def depth(self) -> int:
         """Jobs waiting in the queue (for autoscaling)."""
-        return int(await self.pool.zcard(self.settings.queue_name))
+        async with _bounded(self.settings.operation_timeout, "read the queue's depth"):
+            return int(await self.pool.zcard(self.settings.queue_name))
 
     async def aclose(self) -> None:
-        """Close the pool."""
+        """Close the pool (and, through Sentinel, the sentinels' connections)."""
         await self.pool.aclose()
+        await close_sentinels(self.pool)
+
+
+async def close_sentinels(pool: ArqRedis) -> None:
+    """Close the connections a Sentinel-found pool keeps to the sentinels.
+
+    Closing the pool closes its connections to the primary only.
+    """
+    manager = getattr(pool.connection_pool, "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        await sentinel.aclose()
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,14 +7,17 @@ it is called.
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from typing import Annotated, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ctxstore._keys import validate_id, validate_prefix
+from ctxstore.errors import ConfigurationError
 
-__all__ = ["Settings"]
+__all__ = ["SentinelAddress", "Settings", "sentinel_address"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -92,7 +95,10 @@ class Settings(BaseSettings):
         summary_model: The Anthropic model that writes summaries.
         summary_timeout: Seconds one summarizer call may take.
         queue_url: The Redis of the worker queue (arq cannot use Redis
-            Cluster); the store's Redis by default.
+            Cluster); the store's Redis by default. A ``redis://``,
+            ``rediss://`` or ``unix://`` URL, or a Redis Sentinel one:
+            ``redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/master[/db]``
+            (sentinel ports default to 26379).
         queue_name: The arq queue the summary jobs go to.
         worker_name: This worker's name, in its health-check key; the host
             name by default.
@@ -115,6 +121,8 @@ class Settings(BaseSettings):
         validate_default=True,
         frozen=True,
         populate_by_name=True,
+        # URLs carry passwords: an error names the field, never echoes its value.
+        hide_input_in_errors=True,
     )
 
     redis_url: str | None = None
@@ -177,6 +185,19 @@ class Settings(BaseSettings):
     def _check_tenant(cls, value: str) -> str:
         return validate_id(value, "tenant")
 
+    @field_validator("queue_url")
+    @classmethod
+    def _check_queue_url(cls, value: str | None) -> str | None:
+        if (
+            value is not None
+            and sentinel_address(value) is None
+            and urlsplit(value).scheme not in ("redis", "rediss", "unix")
+        ):
+            raise ConfigurationError(
+                "queue_url must be a redis://, rediss://, unix:// or redis+sentinel:// URL"
+            )
+        return value
+
     @field_validator("anthropic_api_key")
     @classmethod
     def _empty_key_is_no_key(cls, value: SecretStr | None) -> SecretStr | None:
@@ -211,3 +232,64 @@ class Settings(BaseSettings):
             **overrides: Any other field, by name.
         """
         return cls(redis_url=url, **overrides)  # type: ignore[arg-type]
+
+
+SENTINEL_SCHEME = "redis+sentinel"
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelAddress:
+    """Where Redis Sentinel tells the queue's primary: a ``redis+sentinel://`` URL's parts.
+
+    Attributes:
+        sentinels: (host, port) of each sentinel.
+        master: The name the sentinels monitor the primary under.
+        db: The database number on the primary.
+        username: The primary's user (the sentinels are asked without one).
+        password: That user's password.
+    """
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+def sentinel_address(url: str) -> SentinelAddress | None:
+    """The parts of a ``redis+sentinel://`` URL; ``None`` for a URL of another scheme.
+
+    The form is
+    ``redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/master[/db]``;
+    user and password are percent-decoded, IPv6 hosts go in brackets.
+
+    Raises:
+        ConfigurationError: The URL has the scheme but not the form.
+    """
+    scheme, found, rest = url.partition("://")
+    if not found or scheme.lower() != SENTINEL_SCHEME:
+        return None
+    where, _, path = rest.partition("/")
+    userinfo, at, hosts = where.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    sentinels = []
+    for host in hosts.split(","):
+        try:
+            parts = urlsplit(f"//{host}")
+            address = (parts.hostname, parts.port or SENTINEL_PORT)
+        except ValueError as exc:
+            raise ConfigurationError(f"sentinel URL: bad sentinel address {host!r}: {exc}") from exc
+        if not address[0] or parts.username is not None or parts.path:
+            raise ConfigurationError(f"sentinel URL: bad sentinel address {host!r}")
+        sentinels.append((address[0], address[1]))
+    master, _, db = path.partition("/")
+    if not master:
+        raise ConfigurationError("sentinel URL: no master name (redis+sentinel://host:port/master)")
+    if db and not (db.isdigit() and db.isascii()):
+        raise ConfigurationError(f"sentinel URL: the database must be a number, not {db!r}")
+    return SentinelAddress(tuple(sentinels), unquote(master), int(db or 0), username, password)

@@ -121,6 +121,7 @@ class ContextStore:
         self._tenants = _keys.tenants_key(self._prefix)
         self._queue: Any = None  # the default SummaryQueue, opened on first use
         self._queue_denied = False
+        self._queue_retry_ms = 0  # after a failed enqueue, none is tried before this time
         self._indexed: dict[str, float] = {}
         self._means: dict[str, float] = {}
         self._limits_cache: tuple[float, _Limits] | None = None
@@ -1426,9 +1427,12 @@ class ContextStore:
         Without an ``on_summary_due``, the store queues it on the settings'
         queue itself (opening the arq pool on first use). A user that may not
         touch the queue (a tenant's own ACL user) leaves it to the workers'
-        sweep: the session's flag is up, and the sweep queues it.
+        sweep: the session's flag is up, and the sweep queues it. So does a
+        failed enqueue: for ``QUEUE_BACKOFF_MS`` after one, appends do not try
+        the queue at all, so an unreachable queue costs one bounded attempt,
+        not one per session.
         """
-        if self._queue_denied:
+        if self._queue_denied or self._wall_ms() < self._queue_retry_ms:
             return
         try:
             if self.on_summary_due is not None:
@@ -1446,7 +1450,14 @@ class ContextStore:
             self._queue_denied = True
             log.info("this Redis user may not queue summaries; the workers' sweep will")
         except Exception:
-            log.warning("could not queue the summary of %s/%s", self.tenant, session, exc_info=True)
+            self._queue_retry_ms = self._wall_ms() + QUEUE_BACKOFF_MS
+            log.warning(
+                "could not queue the summary of %s/%s; no enqueue for %d s (the sweep will)",
+                self.tenant,
+                session,
+                QUEUE_BACKOFF_MS // 1000,
+                exc_info=True,
+            )
 
     def _summary_threshold(self) -> int:
         return self.settings.summary_trigger_tokens
@@ -1454,6 +1465,9 @@ class ContextStore:
     def _wall_ms(self) -> int:
         return self.clock.now_ms() if self.clock is not None else int(time.time() * 1000)
 
+
+QUEUE_BACKOFF_MS = 10_000
+"""After a failed enqueue, appends leave summaries to the sweep for this long."""
 
 _SEP = "\x1f"  # joins tool call ids in a stream field (ids may not hold control characters)
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis, RedisCluster
+from servers import ServerPool, redis7_binary
 
 from ctxstore import ContextStore, EmbeddedRedis, Settings
 from ctxstore.testing import LocalCluster as Cluster
@@ -109,6 +110,42 @@ def settings(backend: str, redis_url: str, request: pytest.FixtureRequest) -> Se
         running: Cluster = request.getfixturevalue("cluster")
         return Settings(redis_url=running.url, redis_cluster=True, queue_url=redis_url, **common)
     return Settings(redis_url=redis_url, **common)
+
+
+SUMMARY_TRIGGER = 400
+"""Tokens past the watermark that make a summary due, in ``summary_settings``."""
+SUMMARY_KEEP = 150
+"""Tokens a summary leaves raw, in ``summary_settings``."""
+
+
+@pytest.fixture
+def summary_settings(settings: Settings, tenant: str) -> Settings:
+    """A small summary window, on a key prefix and arq queue of this test's own.
+
+    Both are under the run's prefix, so their keys are removed with the run's:
+    the sweep walks every tenant under a prefix, and a burst worker runs
+    whatever its queue holds.
+    """
+    prefix = f"{RUN_PREFIX}-{tenant}"
+    return settings.model_copy(
+        update={
+            "key_prefix": prefix,
+            "queue_name": f"{prefix}:summaries",
+            "summary_trigger_tokens": SUMMARY_TRIGGER,
+            "summary_keep_tokens": SUMMARY_KEEP,
+        }
+    )
+
+
+@pytest.fixture
+def servers() -> Iterator[ServerPool]:
+    """Private redis-servers (7 or later) of this test's own, stopped at its end."""
+    binary = redis7_binary()
+    if binary is None:
+        pytest.skip("needs redis-server 7 or later on PATH")
+    pool = ServerPool(binary)
+    yield pool
+    pool.stop_all()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -31,6 +32,7 @@ __all__ = [
     "Logged",
     "Monitor",
     "PrivateRedis",
+    "PrivateSentinel",
     "ServerPool",
     "all_keys",
     "close_worker",
@@ -86,8 +88,8 @@ class PrivateRedis:
         auth = f"{user}:{password}@" if user is not None else ""
         return f"redis://{auth}127.0.0.1:{self.port}/{db}"
 
-    def start(self) -> PrivateRedis:
-        """Start the server and wait until it answers PING."""
+    def args(self) -> list[str]:
+        """The server's command line."""
         args = [
             self.binary,
             "--port",
@@ -105,7 +107,13 @@ class PrivateRedis:
         ]
         if self.acl_path is not None:
             args += ["--aclfile", str(self.acl_path)]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return args
+
+    def start(self) -> PrivateRedis:
+        """Start the server and wait until it answers PING."""
+        self.process = subprocess.Popen(
+            self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 10
         while True:
             if self.process.poll() is not None:
@@ -120,9 +128,20 @@ class PrivateRedis:
             assert time.monotonic() < deadline, f"redis-server did not answer:\n{self._log()}"
             time.sleep(0.01)  # polls a condition (the server answering), with a deadline
 
+    def pause(self) -> None:
+        """SIGSTOP the server: connections open, nothing answered."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
-        """Stop the server (if running) and remove its dir."""
+        """Stop the server (if running, paused or not) and remove its dir."""
         if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)
@@ -149,6 +168,33 @@ class PrivateRedis:
         self.stop()
 
 
+class PrivateSentinel(PrivateRedis):
+    """A Redis Sentinel of one test's own, watching ``primary`` as ``master``.
+
+    Args:
+        binary: The redis-server to run (in sentinel mode).
+        primary: The port of the Redis it watches.
+        master: The name it watches it under.
+    """
+
+    def __init__(self, binary: str, primary: int, master: str = "queue") -> None:
+        super().__init__(binary)
+        self.master = master
+        self.conf = self.dir / "sentinel.conf"
+        self.conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {self.log_path}\n"
+            f"sentinel monitor {master} 127.0.0.1 {primary} 1\n"
+        )
+
+    def args(self) -> list[str]:
+        """``redis-server sentinel.conf --sentinel`` (sentinel rewrites its config file)."""
+        return [self.binary, str(self.conf), "--sentinel"]
+
+    def sentinel_url(self, db: int = 0) -> str:
+        """The ``redis+sentinel://`` URL of its primary."""
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.master}/{db}"
+
+
 async def all_keys(url: str) -> set[str]:
     """Every key on the server at ``url`` (an admin's SCAN; private servers only)."""
     client = Redis.from_url(url, decode_responses=True)
@@ -170,6 +216,13 @@ class ServerPool:
         server = PrivateRedis(self.binary, acl=acl)
         self._started.append(server)
         return server.start()
+
+    def start_sentinel(self, primary: PrivateRedis, master: str = "queue") -> PrivateSentinel:
+        """A new running Sentinel watching ``primary`` as ``master``."""
+        sentinel = PrivateSentinel(self.binary, primary.port, master)
+        self._started.append(sentinel)
+        sentinel.start()
+        return sentinel
 
     def stop_all(self) -> None:
         """Stop every server this pool started."""

@@ -13,7 +13,7 @@ import logging
 import secrets
 import stat
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,15 +100,6 @@ class AclServer:
             yield client
         finally:
             await client.aclose()
-
-
-@pytest.fixture
-def servers() -> Iterator[ServerPool]:
-    """Private servers of this test's own, stopped at its end."""
-    assert REDIS7 is not None
-    pool = ServerPool(REDIS7)
-    yield pool
-    pool.stop_all()
 
 
 @pytest.fixture

@@ -24,7 +24,8 @@ import pytest
 from arq import Worker
 from arq.constants import in_progress_key_prefix
 from arq.jobs import Job, JobResult, JobStatus
-from conftest import RUN_PREFIX
+from conftest import SUMMARY_KEEP as KEEP
+from conftest import SUMMARY_TRIGGER as TRIGGER
 from redis.asyncio import Redis
 
 import workers.worker
@@ -42,10 +43,6 @@ from workers import build_worker, health_check_key
 SPAWN = multiprocessing.get_context("spawn")
 CTXSTORE = str(Path(sys.executable).with_name("ctxstore"))
 
-TRIGGER = 400
-"""Tokens past the watermark that make a summary due (a turn is 38 tokens)."""
-KEEP = 150
-"""Tokens a summary leaves raw."""
 TURN_TOKENS = 38
 SYSTEM = {"role": "system", "content": "You are a careful agent."}
 
@@ -60,18 +57,9 @@ def turn(i: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def wsettings(settings: Settings, tenant: str) -> Settings:
-    """Settings with a small summary window, on a key prefix and queue of this test's own."""
-    prefix = f"{RUN_PREFIX}-{tenant}"
-    return settings.model_copy(
-        update={
-            "key_prefix": prefix,
-            "queue_name": f"{prefix}:summaries",
-            "summary_trigger_tokens": TRIGGER,
-            "summary_keep_tokens": KEEP,
-            "worker_name": f"worker-{tenant}",
-        }
-    )
+def wsettings(summary_settings: Settings, tenant: str) -> Settings:
+    """The summary settings, with a worker name of this test's own."""
+    return summary_settings.model_copy(update={"worker_name": f"worker-{tenant}"})
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from ctxstore import (
 from ctxstore.jobs import (
     JOB_FUNCTION,
     SummaryQueue,
+    close_sentinels,
     deserialize,
     queue_redis_settings,
     serialize,
@@ -53,6 +54,8 @@ MAX_TRIES = 8
 """Tries of one summary job before arq gives it up (the sweep queues it again later)."""
 HEALTH_CHECK_INTERVAL = 10
 """Seconds between two refreshes of the worker's health-check key."""
+STARTUP_CONN_RETRIES = 5
+"""A starting worker tries its queue's Redis this many more times, a second apart."""
 
 
 def health_check_key(settings: Settings) -> str:
@@ -78,9 +81,14 @@ async def startup(ctx: dict[str, Any]) -> None:
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
-    """Close what startup opened."""
+    """Close what startup opened, and the sentinel connections of arq's own pool.
+
+    arq closes its pool after this, but not the connections a Sentinel-found
+    pool keeps to the sentinels.
+    """
     await ctx["queue"].aclose()
     await ctx["base"].aclose()
+    await close_sentinels(ctx["redis"])
 
 
 def store_for(ctx: dict[str, Any], tenant: str) -> ContextStore:
@@ -182,7 +190,7 @@ def worker_options(
                 timeout=timeout,
             )
         ],
-        "redis_settings": queue_redis_settings(settings),
+        "redis_settings": queue_redis_settings(settings, conn_retries=STARTUP_CONN_RETRIES),
         "queue_name": settings.queue_name,
         "on_startup": startup,
         "on_shutdown": shutdown,
