@@ -75,7 +75,6 @@ import random
 import re
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -95,7 +94,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.utils import HIREDIS_AVAILABLE
 
-from ctxstore import ContextStore, EmbeddedRedis, Keyring, LocalSummarizer, Settings
+from ctxstore import ContextStore, Keyring, LocalSummarizer, Settings
+from ctxstore.testing import free_port, pings, redis_under_test, remove_keys
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
 SHIPPED_CONF = Path(__file__).resolve().parent.parent / "deploy" / "redis.conf"
@@ -108,9 +108,10 @@ VIEW_MESSAGE_BYTES = 1_024
 MEMORY_MESSAGES = 2_000
 MEMORY_MESSAGE_BYTES = (1_024, 4_096)
 # Steady state: written with idempotency_seconds=1, a generation of keys
-# expires 2 s after the last append; this is how long the bench waits.
+# expires 2 s after the last append; the bench polls until every session's
+# have, for at most this long.
 STEADY_IDEMPOTENCY_SECONDS = 1.0
-STEADY_WAIT_SECONDS = 2.2
+STEADY_WAIT_LIMIT_SECONDS = 30.0
 
 SUMMARY_VIEW_HISTORY = 10_000
 SUMMARY_VIEW_SMALL = 100
@@ -703,15 +704,42 @@ async def memory_rows(bench: Bench, where: str, url: str) -> list[dict[str, Any]
                 raw_key = bench.raw_key(session)
                 await build_history(steady, session, messages[:-1], raw=raw, raw_key=raw_key)
                 written.append((size, session, raw_key, messages))
-            await asyncio.sleep(STEADY_WAIT_SECONDS)
+            idempotency = [
+                key
+                for _, session, _, _ in written
+                for key in (steady.keys(session).idem, steady.keys(session).idem_old)
+            ]
+            waited = await wait_until_gone(raw, idempotency, STEADY_WAIT_LIMIT_SECONDS)
             for size, session, raw_key, messages in written:
                 await steady.append(session, messages[-1])
                 await raw.xadd(raw_key, {"m": encode(messages[-1])})
                 row = await measure_memory(steady, raw, session, raw_key, messages)
-                rows.append({"server": where, "state": "steady state", "size": size, **row})
+                rows.append(
+                    {
+                        "server": where,
+                        "state": "steady state",
+                        "size": size,
+                        "waited_seconds": round(waited, 2),
+                        **row,
+                    }
+                )
     finally:
         await raw.aclose()
     return rows
+
+
+async def wait_until_gone(raw: Redis, keys: Sequence[str], limit_s: float) -> float:
+    """Poll until none of ``keys`` exists (they expire); return how long it took.
+
+    Raises:
+        RuntimeError: Some still exist after ``limit_s`` seconds.
+    """
+    started = time.monotonic()
+    while await raw.exists(*keys):
+        if time.monotonic() - started > limit_s:
+            raise RuntimeError(f"keys still there after {limit_s:g} s: {', '.join(keys)}")
+        await asyncio.sleep(0.05)  # polls a condition (the keys' expiry), with a deadline
+    return time.monotonic() - started
 
 
 async def server_config(url: str) -> dict[str, str]:
@@ -794,7 +822,9 @@ async def bench_memory(bench: Bench) -> None:
             servers["shipped"]["config"] = await server_config(url)
             rows += await memory_rows(bench, "shipped", url)
     bench.report["memory"] = {
-        "steady_wait_seconds": STEADY_WAIT_SECONDS,
+        "steady_wait_seconds": max(
+            (row["waited_seconds"] for row in rows if "waited_seconds" in row), default=0.0
+        ),
         "servers": servers,
         "rows": rows,
     }
@@ -911,10 +941,10 @@ async def run(url: str, source: str, sections: Sequence[str], sampling: Sampling
         for name in sections:
             await BENCHMARKS[name](bench)
     finally:
-        removed = await delete_keys(raw, prefix, settings.queue_name)
+        removed = await remove_keys(raw, prefix)
         left = [key async for key in raw.scan_iter(match=f"*{prefix}*", count=1_000)]
         _progress(
-            f"deleted the run's {removed:,} keys ({prefix}:*, arq:*{prefix}*); {len(left)} left"
+            f"deleted the run's {removed:,} keys ({prefix}*, arq:*{prefix}*); {len(left)} left"
         )
         await store.aclose()
         await raw.aclose()
@@ -931,25 +961,6 @@ def raw_client(url: str, settings: Settings) -> Redis:
     """
     client: Redis = Redis.from_url(url, socket_connect_timeout=settings.connect_timeout)
     return client
-
-
-async def delete_keys(client: Redis, prefix: str, queue: str) -> int:
-    """Delete the run's keys, and no other; return how many.
-
-    Those are the keys under ``prefix:``, the summary queue ``queue``, and
-    arq's keys of the run's jobs (a job id starts with the key prefix).
-    """
-    removed = int(await client.delete(queue))
-    for pattern in (f"{prefix}:*", f"arq:*{prefix}*"):
-        batch: list[bytes] = []
-        async for key in client.scan_iter(match=pattern, count=1_000):
-            batch.append(key)
-            if len(batch) == 500:
-                removed += await client.delete(*batch)
-                batch.clear()
-        if batch:
-            removed += await client.delete(*batch)
-    return removed
 
 
 # -- output ----------------------------------------------------------------------
@@ -1121,7 +1132,8 @@ def _render_memory(memory: dict[str, Any]) -> list[str]:
     out.append(
         "  after writing: every append's idempotency key still held; steady state: "
         f"written with idempotency_seconds={STEADY_IDEMPOTENCY_SECONDS:g}, one more append "
-        f"{memory['steady_wait_seconds']:g} s later"
+        f"once its idempotency keys had expired (up to {memory['steady_wait_seconds']:g} s "
+        "after the writes)"
     )
     names = [
         f"{_SERVER_NAMES[row['server']]}, {row['state']}, {row['messages']:,} x ~{row['size']:,} B"
@@ -1203,23 +1215,6 @@ def _progress(text: str) -> None:
 # -- the edge --------------------------------------------------------------------
 
 
-@contextmanager
-def redis_server() -> Iterator[tuple[str, str]]:
-    """The Redis to measure, as (URL, where it came from).
-
-    ``CTXSTORE_REDIS_URL`` when set, else 127.0.0.1:6379 when it answers, else
-    an embedded Redis, started here and stopped on exit.
-    """
-    url = os.environ.get("CTXSTORE_REDIS_URL")
-    if url:
-        yield url, "CTXSTORE_REDIS_URL"
-    elif _local_redis_answers():
-        yield "redis://127.0.0.1:6379/0", "local, answering on 127.0.0.1:6379"
-    else:
-        with EmbeddedRedis() as server:
-            yield server.url, "embedded, started for this run"
-
-
 # Directives of deploy/redis.conf changed for the private server: an fsync per
 # write slows the build of each session, and durability does not change MEMORY USAGE.
 _SHIPPED_OVERRIDES = {"appendonly": "no", "appendfsync": "no"}
@@ -1265,7 +1260,7 @@ def private_redis(conf: Path) -> Iterator[tuple[str | None, str]]:
             line = f"{name} {_SHIPPED_OVERRIDES[name]}"
         directives.append(line.strip())
     with tempfile.TemporaryDirectory(prefix="ctxbench-redis-") as directory:
-        port = _free_port()
+        port = free_port()
         path = Path(directory) / "redis.conf"
         path.write_text(
             "\n".join(
@@ -1285,7 +1280,7 @@ def private_redis(conf: Path) -> Iterator[tuple[str | None, str]]:
         )
         try:
             deadline = time.monotonic() + 10
-            while not _answers(port):
+            while not pings(port):
                 if process.poll() is not None or time.monotonic() > deadline:
                     log = Path(directory, "redis.log")
                     tail = log.read_text()[-500:] if log.exists() else ""
@@ -1303,26 +1298,6 @@ def private_redis(conf: Path) -> Iterator[tuple[str | None, str]]:
                 process.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _local_redis_answers() -> bool:
-    return _answers(6379)
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the arguments and run the benchmarks."""
     parser = argparse.ArgumentParser(
@@ -1336,7 +1311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--only", choices=SECTIONS, help="run one benchmark")
     args = parser.parse_args(argv)
     sections = [args.only] if args.only else list(SECTIONS)
-    with redis_server() as (url, source):
+    with redis_under_test() as (url, source):
         asyncio.run(run(url, source, sections, QUICK if args.quick else FULL))
 
 

@@ -40,10 +40,16 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from bench.bench import redis_server
 from ctxstore import ContextStore, Settings
-from ctxstore.policies import call_ids, result_ids
-from ctxstore.testing import Ack, LocalCluster, audit
+from ctxstore.testing import (
+    Ack,
+    LocalCluster,
+    audit,
+    orphans,
+    redis_under_test,
+    remove_keys,
+    stop_processes,
+)
 
 TENANTS = 4
 SESSIONS_PER_TENANT = 25
@@ -106,13 +112,6 @@ def key_of(message: dict[str, Any]) -> tuple[str, int] | None:
         return None
     body = json.loads(str(message["content"]).split(" check", 1)[0])
     return body["a"], body["i"]
-
-
-def orphans(messages: list[dict[str, Any]]) -> int:
-    """Unanswered calls plus results without their call, in one view."""
-    calls = Counter(c for m in messages for c in call_ids(m))
-    results = Counter(r for m in messages for r in result_ids(m))
-    return sum((calls - results).values()) + sum((results - calls).values())
 
 
 async def pod_main(settings: Settings, pod: int, seconds: float) -> dict[str, Any]:
@@ -224,11 +223,11 @@ def run_topology(primaries: int, queue_url: str, seconds: float) -> dict[str, An
     raw = settings.model_dump_json()
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
+    workers = [context.Process(target=_worker, args=(raw,)) for _ in range(WORKERS)]
+    pods = [context.Process(target=_pod, args=(raw, p, seconds, queue)) for p in range(PODS)]
     try:
-        workers = [context.Process(target=_worker, args=(raw,)) for _ in range(WORKERS)]
         for process in workers:
             process.start()
-        pods = [context.Process(target=_pod, args=(raw, p, seconds, queue)) for p in range(PODS)]
         started = time.monotonic()
         for process in pods:
             process.start()
@@ -239,13 +238,12 @@ def run_topology(primaries: int, queue_url: str, seconds: float) -> dict[str, An
             process.join()
         elapsed = time.monotonic() - started
         drained = asyncio.run(settle(settings, 60))
-        for process in workers:
-            process.terminate()
-            process.join(timeout=60)
+        stop_processes(workers, timeout=60)  # SIGTERM: arq finishes its job first
         end = asyncio.run(finish(settings, reports))
     finally:
+        stop_processes(pods + workers)  # none left running, whatever failed
         cluster.stop()
-        asyncio.run(_drop(queue_url, prefix))
+        asyncio.run(remove_keys(queue_url, prefix))
     views = sorted(v for r in reports for v in r["views"])
     appended = sum(r["appended"] for r in reports)
     totals = end["totals"]
@@ -269,17 +267,6 @@ def run_topology(primaries: int, queue_url: str, seconds: float) -> dict[str, An
     }
 
 
-async def _drop(url: str, prefix: str) -> None:
-    client = Redis.from_url(url)
-    try:
-        for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
-            keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
-            for i in range(0, len(keys), 500):
-                await client.delete(*keys[i : i + 500])
-    finally:
-        await client.aclose()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run both topologies and print the table; exit 1 if any count is not 0."""
     parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__)
@@ -288,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seconds = 10.0 if args.quick else args.seconds
     failed = False
-    with redis_server() as (queue_url, label):
+    with redis_under_test() as (queue_url, label):
         print(
             f"queue: {label}; {PODS} pods x {AGENTS_PER_POD} agents, {WORKERS} workers, "
             f"{TENANTS} tenants x {SESSIONS_PER_TENANT} sessions, view budget {BUDGET:,}"

@@ -29,12 +29,8 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from redis.asyncio import Redis
-
-from bench.bench import redis_server
 from ctxstore import ContextStore, Settings, WriteResult
-from ctxstore.policies import call_ids, result_ids
-from ctxstore.testing import Ack, audit
+from ctxstore.testing import Ack, audit, orphans, redis_under_test, remove_keys, stop_processes
 
 MAX_PROCESSES = 4
 
@@ -66,13 +62,6 @@ def writer_key(message: dict[str, Any]) -> tuple[int, int] | None:
         return None
     body = json.loads(head)
     return body["w"], body["i"]
-
-
-def orphans(messages: list[dict[str, Any]]) -> int:
-    """Tool calls without a result plus results without a call, in a view."""
-    calls = Counter(c for m in messages for c in call_ids(m))
-    results = Counter(r for m in messages for r in result_ids(m))
-    return sum((calls - results).values()) + sum((results - calls).values())
 
 
 async def process_main(
@@ -167,22 +156,25 @@ async def run_config(url: str, writers: int, sessions: int, turns: int) -> dict[
         )
         for p in range(processes)
     ]
-    for child in children:
-        child.start()
-    reports = [queue.get(timeout=600) for _ in children]
-    for child in children:
-        child.join()
-    settings = run_settings(url, prefix)
-    totals = Counter[str]()
-    async with ContextStore.from_settings(settings, tenant=tenant) as store:
-        for session in names:
-            acks = [a for r in reports for s, a in r["acks"] if s == session]
-            rewrites = [w for r in reports for s, w in r["rewrites"] if s == session]
-            found = await audit(store, session, acks, rewrites, key_of=writer_key)
-            totals.update(
-                lost=found.lost, duplicated=found.duplicated, out_of_order=found.out_of_order
-            )
-    await _drop(url, prefix)
+    try:
+        for child in children:
+            child.start()
+        reports = [queue.get(timeout=600) for _ in children]
+        for child in children:
+            child.join()
+        settings = run_settings(url, prefix)
+        totals = Counter[str]()
+        async with ContextStore.from_settings(settings, tenant=tenant) as store:
+            for session in names:
+                acks = [a for r in reports for s, a in r["acks"] if s == session]
+                rewrites = [w for r in reports for s, w in r["rewrites"] if s == session]
+                found = await audit(store, session, acks, rewrites, key_of=writer_key)
+                totals.update(
+                    lost=found.lost, duplicated=found.duplicated, out_of_order=found.out_of_order
+                )
+    finally:
+        stop_processes(children)  # none left running, whatever failed
+        await remove_keys(url, prefix)  # the keys, the queue and arq's keys of its jobs
     appends = sum(r["appends"] for r in reports)
     elapsed = max(r["elapsed"] for r in reports)
     views = [ms for r in reports for ms in r["view_ms"]]
@@ -212,18 +204,6 @@ def run_settings(url: str, prefix: str, **extra: Any) -> Settings:
     return Settings(redis_url=url, key_prefix=prefix, queue_name=f"{prefix}:summaries", **extra)
 
 
-async def _drop(url: str, prefix: str) -> None:
-    """Delete the configuration's keys, its queue, and arq's keys of its jobs."""
-    client = Redis.from_url(url)
-    try:
-        for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
-            keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
-            for i in range(0, len(keys), 500):
-                await client.delete(*keys[i : i + 500])
-    finally:
-        await client.aclose()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run every configuration; exit 1 if any count is not 0."""
     parser = argparse.ArgumentParser(prog="python -m bench.stress", description=__doc__)
@@ -231,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total", type=int, default=12_000, help="appends per configuration")
     args = parser.parse_args(argv)
     total = 1_200 if args.quick else args.total
-    with redis_server() as (url, label):
+    with redis_under_test() as (url, label):
         print(f"Redis: {label}")
         columns = (
             ("writers", 7), ("sessions", 8), ("procs", 5), ("msgs", 8), ("msgs/s", 10),

@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ctxstore.budget import resolve_budget
+from ctxstore.budget import MAX_BUDGET, Budget, resolve_budget
 from ctxstore.errors import BudgetExceededError, ConfigurationError, InvalidInputError
 from ctxstore.models import RequestView
 from ctxstore.settings import Settings
@@ -70,10 +70,9 @@ class StoreContextManager:
         hooks: Any | None = None,
         keep_stored_on_resume: bool = False,
     ) -> None:
-        if not 0 < compaction_threshold <= 1:
-            raise InvalidInputError("compaction_threshold must be in (0, 1]")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
-            raise InvalidInputError("max_tokens must be a positive integer")
+        problem = _check_limits(max_tokens, compaction_threshold)
+        if problem:
+            raise InvalidInputError(problem)
         store.keys(session_id)  # refuses an invalid id now, not at the first call
         self.store = store
         self.session_id = session_id
@@ -98,14 +97,30 @@ class StoreContextManager:
         Raises:
             BudgetExceededError: System and pinned messages alone exceed the budget.
         """
-        view = await self._view(token_budget, provider, self.compaction_threshold)
-        if view.stats.over_budget and self.compaction_threshold < 1:
-            view = await self._view(token_budget, provider, 1.0)
-        self.last_view = view
+        settings = self.store.settings
+        budget = resolve_budget(  # once: the provider is asked at most once per request
+            token_budget,
+            provider,
+            model=None,
+            default=self.max_tokens or settings.default_token_budget,
+            margin=settings.provider_safety_margin,
+            factors=settings.token_safety_factors,
+        )
+        view = await self._view(budget, self.compaction_threshold)
         stats = view.stats
+        # Compacting down to the threshold left no room: the whole budget may
+        # still hold the protected messages. Read again only if it can.
+        if (
+            stats.over_budget
+            and self.compaction_threshold < 1
+            and stats.protected_tokens <= budget.cl100k
+        ):
+            view = await self._view(budget, 1.0)
+            stats = view.stats
+        self.last_view = view
         if stats.over_budget:
             raise BudgetExceededError(
-                stats.budget,
+                budget.tokens,
                 stats.protected_tokens,
                 tenant=self.store.tenant,
                 session=self.session_id,
@@ -128,18 +143,8 @@ class StoreContextManager:
             )
         return view.messages
 
-    async def _view(self, token_budget: int | None, provider: Any, share: float) -> RequestView:
-        settings = self.store.settings
-        if token_budget is None and provider is None:
-            token_budget = self.max_tokens or settings.default_token_budget
-        budget = resolve_budget(
-            token_budget,
-            provider,
-            model=None,
-            default=self.max_tokens or settings.default_token_budget,
-            margin=settings.provider_safety_margin,
-            factors=settings.token_safety_factors,
-        )
+    async def _view(self, budget: Budget, share: float) -> RequestView:
+        """The view at ``share`` of the resolved budget (its model picks the factor)."""
         return await self.store.view(
             self.session_id, token_budget=max(1, int(budget.tokens * share)), model=budget.model
         )
@@ -179,27 +184,56 @@ async def mount(
         An async cleanup function that closes the store's connections.
     """
     config = dict(config or {})
+    max_tokens = config.get("max_tokens")
+    threshold = config.get("compaction_threshold", 0.92)
+    keep_stored = config.get("keep_stored_on_resume", True)
+    problem = _check_limits(max_tokens, threshold)
+    if problem is None and not isinstance(keep_stored, bool):
+        problem = f"keep_stored_on_resume must be true or false, not {keep_stored!r}"
+    if problem is not None:
+        raise ConfigurationError(f"invalid context-ctxstore config: {problem}")
     try:
         settings = Settings(**{k: config[k] for k in _SETTINGS_KEYS if config.get(k) is not None})
     except ValidationError as exc:
         raise ConfigurationError(f"invalid context-ctxstore config: {exc}") from exc
     store = ContextStore.from_settings(settings)
-    session_id = config.get("session_id") or uuid.uuid4().hex
-    existed = (await store.info(session_id)).count > 0 if config.get("session_id") else False
-    context = StoreContextManager(
-        store,
-        session_id,
-        max_tokens=config.get("max_tokens"),
-        compaction_threshold=config.get("compaction_threshold", 0.92),
-        hooks=getattr(coordinator, "hooks", None),
-        keep_stored_on_resume=existed and config.get("keep_stored_on_resume", True),
-    )
-    await coordinator.mount("context", context, name="context-ctxstore")
-    register = getattr(coordinator, "register_contributor", None)
-    if register is not None:
-        register("observability.events", "context-ctxstore", lambda: list(EVENTS))
+    try:
+        session_id = config.get("session_id") or uuid.uuid4().hex
+        existed = (await store.info(session_id)).count > 0 if config.get("session_id") else False
+        context = StoreContextManager(
+            store,
+            session_id,
+            max_tokens=max_tokens,
+            compaction_threshold=threshold,
+            hooks=getattr(coordinator, "hooks", None),
+            keep_stored_on_resume=existed and keep_stored,
+        )
+        await coordinator.mount("context", context, name="context-ctxstore")
+        register = getattr(coordinator, "register_contributor", None)
+        if register is not None:
+            register("observability.events", "context-ctxstore", lambda: list(EVENTS))
+    except BaseException:
+        await store.aclose()  # nothing holds the store now: close its connections
+        raise
 
     async def cleanup() -> None:
         await store.aclose()
 
     return cleanup
+
+
+def _check_limits(max_tokens: object, compaction_threshold: object) -> str | None:
+    """What is wrong with these two settings, or ``None`` (booleans are not numbers)."""
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int)
+        or not 0 < max_tokens <= MAX_BUDGET
+    ):
+        return f"max_tokens must be an integer from 1 to {MAX_BUDGET:,}, not {max_tokens!r}"
+    if (
+        isinstance(compaction_threshold, bool)
+        or not isinstance(compaction_threshold, int | float)
+        or not 0 < compaction_threshold <= 1
+    ):
+        return f"compaction_threshold must be a number in (0, 1], not {compaction_threshold!r}"
+    return None

@@ -65,18 +65,20 @@ def resolve_budget(
     Raises:
         InvalidInputError: The explicit budget is not a positive integer.
     """
-    info = _provider_info(provider)
+    if token_budget is not None and (
+        isinstance(token_budget, bool)
+        or not isinstance(token_budget, int)
+        or not 0 < token_budget <= MAX_BUDGET
+    ):
+        raise InvalidInputError(
+            f"token_budget must be an integer from 1 to {MAX_BUDGET:,}, "
+            f"not a {type(token_budget).__name__} out of range"
+        )
+    # The provider gives a window and a model name: with both given, it has
+    # nothing to add, and is not asked.
+    info = {} if token_budget is not None and model else _provider_info(provider)
     model = model or info.get("model")
     if token_budget is not None:
-        if (
-            isinstance(token_budget, bool)
-            or not isinstance(token_budget, int)
-            or not 0 < token_budget <= MAX_BUDGET
-        ):
-            raise InvalidInputError(
-                f"token_budget must be an integer from 1 to {MAX_BUDGET:,}, "
-                f"not a {type(token_budget).__name__} out of range"
-            )
         tokens, source = token_budget, "explicit"
     elif info.get("window"):
         tokens, source = info["window"] - margin, "provider"

@@ -23,7 +23,8 @@ import json
 import os
 import secrets
 import sys
-from collections.abc import Sequence
+import typing
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -58,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser("sweep", help="queue summaries that are due with no live job")
     limits = commands.add_parser("limits", help="show or set a tenant's quotas and retention")
     for name in TenantLimits.model_fields:
-        limits.add_argument(f"--{name.replace('_', '-')}", dest=name, type=float, default=None)
+        limits.add_argument(
+            f"--{name.replace('_', '-')}", dest=name, type=_limit_type(name), default=None
+        )
     forget = commands.add_parser("forget", help="delete every session of a tenant")
     forget.add_argument("--yes", action="store_true", help="really delete")
     acl = commands.add_parser("acl", help="render least-privilege ACL users")
@@ -173,21 +176,48 @@ async def _sweep(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _limit_type(name: str) -> Callable[[str], int | float]:
+    """The parser of a ``limits`` flag: whole numbers for the integer fields."""
+    for arg in typing.get_args(TenantLimits.model_fields[name].annotation):
+        if typing.get_origin(arg) is typing.Annotated:
+            arg = typing.get_args(arg)[0]
+        if arg is float:
+            return float
+    return _whole
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+
+
+def _limits_error(exc: ValidationError) -> str:
+    """One line per refused flag, named as it was given."""
+    return "; ".join(
+        f"--{str(error['loc'][0]).replace('_', '-')}: {error['msg']}"
+        if error["loc"]
+        else error["msg"]
+        for error in exc.errors(include_url=False)
+    )
+
+
 async def _limits(settings: Settings, args: argparse.Namespace) -> int:
     changes = {
         name: getattr(args, name)
         for name in TenantLimits.model_fields
         if getattr(args, name) is not None
     }
+    try:
+        TenantLimits(**changes)  # refused before anything is read or written
+    except ValidationError as exc:
+        print(f"ctxstore: invalid limits: {_limits_error(exc)}", file=sys.stderr)
+        return 2
     async with ContextStore.from_settings(settings, tenant=args.tenant) as store:
         if changes:
             current = (await store.limits()).model_dump()
-            merged = {
-                k: (int(v) if k != "appends_per_second" else v)
-                for k, v in {**current, **changes}.items()
-                if v is not None
-            }
-            await store.set_limits(TenantLimits(**merged))
+            await store.set_limits(TenantLimits(**{**current, **changes}))
         print((await store.limits()).model_dump_json(indent=2))
     return 0
 

@@ -90,31 +90,18 @@ class EmbeddedRedis:
         """Start the server, wait until it answers, and return its URL.
 
         Raises:
+            ConfigurationError: No redis-server was found, or it cannot be run.
             StoreUnavailableError: It did not answer within 10 seconds.
         """
         if self._process is not None:
             return self.url
+        binary = self._binary or redis_server_binary()  # before anything is created
         self._dir = self._given_dir or tempfile.mkdtemp(prefix="ctxstore-redis-")
-        os.makedirs(self._dir, mode=0o700, exist_ok=True)
-        config = [
-            "port 0",
-            f"unixsocket {self._socket}",
-            "unixsocketperm 700",
-            f"dir {self._dir}",
-            'save ""',
-            f"appendonly {'yes' if self._persist else 'no'}",
-            "appendfsync always",
-            "loglevel warning",
-            f"logfile {os.path.join(self._dir, 'redis.log')}",
-        ]
-        conf = os.path.join(self._dir, "redis.conf")
-        Path(conf).write_text("\n".join(config) + "\n")
-        self._process = subprocess.Popen(
-            [self._binary or redis_server_binary(), conf],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        try:
+            self._process = self._launch(binary, self._dir)
+        except BaseException:
+            self.stop()  # removes the temporary directory: nothing is left behind
+            raise
         deadline = time.monotonic() + _START_TIMEOUT
         while not _answers(self._socket):
             if self._process.poll() is not None or time.monotonic() > deadline:
@@ -122,6 +109,36 @@ class EmbeddedRedis:
                 raise StoreUnavailableError("the embedded Redis did not start")
             time.sleep(0.01)
         return self.url
+
+    def _launch(self, binary: str, directory: str) -> subprocess.Popen[bytes]:
+        """Write the server's config in ``directory`` and start it.
+
+        Raises:
+            ConfigurationError: ``binary`` cannot be run.
+        """
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        config = [
+            "port 0",
+            f"unixsocket {self._socket}",
+            "unixsocketperm 700",
+            f"dir {directory}",
+            'save ""',
+            f"appendonly {'yes' if self._persist else 'no'}",
+            "appendfsync always",
+            "loglevel warning",
+            f"logfile {os.path.join(directory, 'redis.log')}",
+        ]
+        conf = os.path.join(directory, "redis.conf")
+        Path(conf).write_text("\n".join(config) + "\n")
+        try:
+            return subprocess.Popen(
+                [binary, conf],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            raise ConfigurationError(f"cannot run redis-server {binary!r}: {exc}") from exc
 
     def stop(self) -> None:
         """Stop the server and remove its directory (unless it was given)."""

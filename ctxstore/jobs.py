@@ -251,7 +251,7 @@ async def sweep(
             if row.last_active_ms < now_ms - lookback_seconds * 1000:
                 break
             looked += 1
-            info = await store.info(row.session)
+            info = await store.info(row.session, pins=False)
             if not info.exists:
                 continue
             if not info.summary_due:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ctxstore._connection import Connection
     from ctxstore._keys import SessionKeys
 
-__all__ = ["Clock", "Lease", "LeaseKind"]
+__all__ = ["Clock", "Lease", "LeaseKind", "clock_arg"]
 
 LeaseKind = Literal["write", "summary"]
 
@@ -114,7 +114,7 @@ class Lease:
             reply = await connection.script(
                 SCRIPTS.lease_acquire,
                 (keys.lease, keys.meta),
-                (token, ttl_ms, _now_arg(clock), kind, preempt),
+                (token, ttl_ms, clock_arg(clock), kind, preempt),
                 session=session,
             )
             if int(reply[0]) == 1:
@@ -145,7 +145,7 @@ class Lease:
 
     def now_arg(self) -> int | str:
         """The time argument scripts take: the injected clock's, or ``''`` for the server's."""
-        return _now_arg(self._clock)
+        return clock_arg(self._clock)
 
     def mark_lost(self) -> LeaseLostError:
         """Record that the lease is gone; return the error to raise."""
@@ -230,5 +230,6 @@ class Lease:
             await self.release()
 
 
-def _now_arg(clock: Clock | None) -> int | str:
+def clock_arg(clock: Clock | None) -> int | str:
+    """The time argument scripts take: the clock's, or ``''`` for the server's."""
     return clock.now_ms() if clock is not None else ""

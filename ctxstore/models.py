@@ -31,6 +31,7 @@ from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import from_json
 
 from ctxstore.errors import InvalidMessageError, MessageTooLargeError
+from ctxstore.policies import call_ids, result_ids
 
 __all__ = [
     "AppendResult",
@@ -269,14 +270,8 @@ def check_message(message: object, *, max_bytes: int, index: int | None = None) 
         raise InvalidMessageError(_describe(exc), index=index) from None
     except RecursionError as exc:
         raise InvalidMessageError("a message is nested too deeply", index=index) from exc
-    blocks = model.content if isinstance(model.content, list) else []
-    call_ids = tuple(c.id for c in model.tool_calls or ()) + tuple(
-        b.id for b in blocks if isinstance(b, ToolUseBlock)
-    )
-    result_ids = ((model.tool_call_id,) if model.tool_call_id else ()) + tuple(
-        b.tool_use_id for b in blocks if isinstance(b, ToolResultBlock)
-    )
-    return Checked(message, data, model.role, call_ids, result_ids)
+    # Validated, the ids are where policies looks for them in a stored message.
+    return Checked(message, data, model.role, tuple(call_ids(message)), tuple(result_ids(message)))
 
 
 def _describe(exc: PydanticValidationError) -> str:

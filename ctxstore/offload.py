@@ -13,12 +13,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ctxstore.policies import ENTRY_PLACEHOLDER
+from ctxstore.policies import ENTRY_PLACEHOLDER, result_ids
 from ctxstore.tokens import TokenCounter, count_message
 
 __all__ = ["make_preview"]
 
 _OMITTED = "@@ctxstore-omitted@@"
+_MIN_KEEP = 16
+"""Characters a shortened text keeps at each end, however many texts share the budget."""
 _NOTE = (
     "\n\n[ctxstore: " + _OMITTED + " of {total} tokens of this tool result are not shown. "
     "The full result is entry " + ENTRY_PLACEHOLDER + " of this session's history.]\n\n"
@@ -35,42 +37,55 @@ def make_preview(
 ) -> tuple[bytes, int] | None:
     """Return a preview of a large tool result (JSON, tokens), or ``None``.
 
+    ``None`` also when the preview would not be smaller than the message:
+    then there is no preview, and the message is always sent whole.
+
     Args:
         message: The message as appended.
         tokens: Its token count.
         counter: The counter it was counted with.
         threshold: Messages up to this many tokens are not previewed.
-        preview_tokens: About how many tokens the preview keeps.
+        preview_tokens: About how many tokens of its results the preview
+            keeps, in all (shared among the results of the message).
     """
-    if threshold <= 0 or tokens <= threshold or not _is_result(message):
+    if threshold <= 0 or tokens <= threshold or not result_ids(message):
         return None
     texts = _result_texts(message)
     chars = sum(len(t) for t in texts)
     if not chars:
         return None
-    chars_per_token = chars / tokens
-    keep = max(16, int(preview_tokens * chars_per_token / 2))
+    # The preview's budget is the message's, shared among its result texts:
+    # a text under its share is kept whole, and what it leaves over goes to
+    # the longer ones. Each shortened text keeps its head and tail.
+    allowance = _shares([len(t) for t in texts], int(preview_tokens * chars / tokens))
     note = _NOTE.format(total=tokens)
+    position = iter(range(len(texts)))
 
     def shorten(text: str) -> str:
-        if len(text) <= 2 * keep:
-            return text
+        keep = max(_MIN_KEEP, allowance[next(position)] // 2)
+        if len(text) <= 2 * keep + len(note):
+            return text  # within its share, or the note would cost what it saves
         return text[:keep] + note + text[-keep:]
 
     preview = _map_result_texts(message, shorten)
     counted = count_message(counter, preview)
-    omitted = max(0, tokens - counted)
+    if counted >= tokens:
+        return None  # nothing to gain: the message is sent whole, never "offloaded"
+    omitted = tokens - counted
     data = json.dumps(preview, ensure_ascii=False, separators=(",", ":"))
     return data.replace(_OMITTED, str(omitted)).encode(), counted
 
 
-def _is_result(message: dict[str, Any]) -> bool:
-    if message.get("role") == "tool":
-        return True
-    content = message.get("content")
-    return isinstance(content, list) and any(
-        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
-    )
+def _shares(lengths: list[int], budget: int) -> list[int]:
+    """Split ``budget`` characters among texts of these lengths (max-min fair)."""
+    shares = [0] * len(lengths)
+    left, count = budget, len(lengths)
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        share = min(lengths[index], left // count)
+        shares[index] = share
+        left -= share
+        count -= 1
+    return shares
 
 
 def _result_texts(message: dict[str, Any]) -> list[str]:

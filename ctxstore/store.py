@@ -41,7 +41,7 @@ from ctxstore.errors import (
     StoreError,
     SummarizerError,
 )
-from ctxstore.lease import Clock, Lease, LeaseKind
+from ctxstore.lease import Clock, Lease, LeaseKind, clock_arg
 from ctxstore.models import (
     AppendResult,
     HistoryPage,
@@ -260,10 +260,7 @@ class ContextStore:
             ConflictError: ``expected_seq`` is stale.
         """
         keys = self.keys(session)
-        if not isinstance(messages, list | tuple) and (
-            isinstance(messages, dict | str) or not isinstance(messages, Sequence)
-        ):
-            raise InvalidInputError("messages must be a list of dicts", session=session)
+        _check_messages(messages, session)
         if not messages:
             return []
         idem = self._idempotency_keys(session, idempotency_keys, len(messages))
@@ -273,7 +270,7 @@ class ContextStore:
             "" if expected_seq is None else expected_seq,
             limits.ttl_arg,
             self.settings.idempotency_window,
-            self._summary_threshold(),
+            self.settings.summary_trigger_tokens,
             len(messages),
             int(self.settings.idempotency_seconds * 1000),
             limits.session_bytes,
@@ -296,19 +293,9 @@ class ContextStore:
             session=session,
             replicas=self.settings.replica_acks,
         )
-        status = _text(reply[0])
-        if status == "conflict":
+        if _text(reply[0]) != "ok":
             await self._unlist_if_unwritten(session, keys)
-            raise ConflictError(
-                expected_seq if expected_seq is not None else -1,
-                int(reply[1]),
-                tenant=self.tenant,
-                session=session,
-                key=keys.meta,
-            )
-        if status == "quota":
-            await self._unlist_if_unwritten(session, keys)
-            raise self._quota_error(reply, session, keys.meta)
+            raise self._refusal(reply, expected_seq, session, keys.meta)
         due = int(reply[1])
         results = [
             AppendResult(
@@ -559,7 +546,11 @@ class ContextStore:
             count = self._tail_guess(session, budget)
             meta, keep, summary_raw, rows = await self._connection.transaction(
                 [
-                    ("HMGET", keys.meta, "epoch", "count", "tokens", "wm", "wm_tokens", "sq"),
+                    (
+                        "HMGET",
+                        keys.meta,
+                        *("epoch", "count", "tokens", "wm", "wm_tokens", "sq", "sum_outcome"),
+                    ),
                     ("HGETALL", keys.keep),
                     ("HMGET", keys.view, "text", "tokens", "covers", "epoch"),
                     ("XREVRANGE", keys.log, "+", "-", "COUNT", count),
@@ -573,6 +564,7 @@ class ContextStore:
                 tokens=int(meta[2] or 0),
                 unsummarized=int(meta[2] or 0) - int(meta[4] or 0),
                 summary_due=meta[5] == b"1",
+                summary_idle=meta[6] == b"idle",
             )
             if snap.count:
                 self._means[session] = snap.tokens / snap.count
@@ -694,10 +686,11 @@ class ContextStore:
         It is wrapped in ``<summary>`` tags so the model can tell it from user text.
         """
         text, tokens, covers, summary_epoch = raw
-        if not text or summary_epoch != epoch or covers != watermark:
+        current = _current_covers(covers, summary_epoch, epoch, watermark)
+        if not text or current is None:
             return None
         body = "<summary>\n" + self._open(session, text).decode() + "\n</summary>"
-        return SummaryText({"role": role, "content": body}, int(tokens), covers.decode())
+        return SummaryText({"role": role, "content": body}, int(tokens), current)
 
     def _seal(self, session: str, value: bytes) -> bytes:
         return value if self.keyring is None else self.keyring.seal(self.tenant, session, value)
@@ -799,10 +792,7 @@ class ContextStore:
             LeaseLostError: The lease expired before the write.
         """
         keys = self.keys(session)
-        if not isinstance(messages, list | tuple) and (
-            isinstance(messages, dict | str) or not isinstance(messages, Sequence)
-        ):
-            raise InvalidInputError("messages must be a list of dicts", session=session)
+        _check_messages(messages, session)
         limits = await self._limits(session)
         entries = self._checked_all(session, messages, limits.message_bytes)
         return await self._rewrite(session, keys, entries, expected_seq, lease, limits)
@@ -833,7 +823,11 @@ class ContextStore:
     ) -> WriteResult:
         _check_seq(expected_seq)
         await self._reserve(session, limits)
-        held = lease or await self.lease(session, kind="write")
+        try:
+            held = lease or await self.lease(session, kind="write")
+        except CtxstoreError:
+            await self._unlist_if_unwritten(session, keys)
+            raise
         args: list[Any] = [
             held.token,
             held.fence,
@@ -860,24 +854,15 @@ class ContextStore:
                 await held.release()
             raise
         status = _text(reply[0])
-        if status == "lease_lost":
-            raise held.mark_lost()
-        if status == "quota":
-            if lease is None:
-                await held.release()
+        if status != "ok":
+            if status == "lease_lost":
+                error: CtxstoreError = held.mark_lost()
+            else:
+                if lease is None:
+                    await held.release()
+                error = self._refusal(reply, expected_seq, session, keys.meta)
             await self._unlist_if_unwritten(session, keys)
-            raise self._quota_error(reply, session, keys.meta)
-        if status == "conflict":
-            if lease is None:
-                await held.release()
-            await self._unlist_if_unwritten(session, keys)
-            raise ConflictError(
-                expected_seq if expected_seq is not None else -1,
-                int(reply[1]),
-                tenant=self.tenant,
-                session=session,
-                key=keys.meta,
-            )
+            raise error
         held.consumed()
         return WriteResult(
             epoch=int(reply[1]),
@@ -1022,7 +1007,7 @@ class ContextStore:
                 job.lease.now_arg(),
                 job.epoch,
                 job.watermark,
-                self._summary_threshold(),
+                self.settings.summary_trigger_tokens,
                 int((time.monotonic() - job.started) * 1000),
                 *extra,
             ),
@@ -1041,38 +1026,48 @@ class ContextStore:
         gen = await self._connection.script(
             SCRIPTS.summary_request,
             (keys.meta,),
-            ("" if self.clock is None else self.clock.now_ms(), "1" if force else "0"),
+            (clock_arg(self.clock), "1" if force else "0"),
             session=session,
         )
         return int(gen)
 
     # -- sessions --------------------------------------------------------------
 
-    async def info(self, session: str) -> SessionInfo:
-        """The session's counters, times, pins and summary state (one snapshot)."""
+    async def info(self, session: str, *, pins: bool = True) -> SessionInfo:
+        """The session's counters, times, pins and summary state (one snapshot).
+
+        Args:
+            session: The session id.
+            pins: Read which messages are pinned. The copies of the system and
+                pinned messages are read for it; pass False when only the
+                counters matter (``pinned`` is then empty).
+        """
         keys = self.keys(session)
-        meta_raw, keep_raw, view_raw, pttl = await self._connection.transaction(
+        meta_raw, view_raw, pttl, *keep = await self._connection.transaction(
             [
                 ("HGETALL", keys.meta),
-                ("HGETALL", keys.keep),
                 ("HMGET", keys.view, "covers", "tokens", "epoch", "model"),
                 ("PTTL", keys.meta),
+                *([("HGETALL", keys.keep)] if pins else []),
             ],
             session=session,
             key=keys.meta,
         )
+        keep_raw = keep[0] if keep else []
         meta = _pairs(meta_raw)
         if "seq" not in meta:
             return SessionInfo(self.tenant, session, exists=False)
         pinned = [
             _text(keep_raw[i]) for i in range(0, len(keep_raw), 2) if keep_raw[i + 1][:1] == b"p"
         ]
-        ttl = meta.get("ttl")
+        ttl = int(meta.get("ttl") or 0)  # 0: the session's own "never", or none of its own
         tokens = int(meta.get("tokens", 0))
         wm_tokens = int(meta.get("wm_tokens") or 0)
         first, last = meta.get("first_id") or None, meta.get("last_id") or None
-        valid = bool(view_raw[0]) and _text(view_raw[2]) == meta.get("epoch", "0")
-        covers = _text(view_raw[0]) if valid and _text(view_raw[0]) == meta.get("wm") else None
+        wm = meta.get("wm")
+        covers = _current_covers(
+            view_raw[0], view_raw[2], meta.get("epoch", "0").encode(), wm.encode() if wm else None
+        )
         summary_tokens = int(view_raw[1]) if covers else 0
         return SessionInfo(
             tenant=self.tenant,
@@ -1084,7 +1079,7 @@ class ContextStore:
             tokens=tokens,
             first_at_ms=entry_order(first)[0] if first else None,
             last_at_ms=entry_order(last)[0] if last else None,
-            ttl_seconds=int(ttl) // 1000 if ttl else (int(pttl) // 1000 if int(pttl) > 0 else None),
+            ttl_seconds=ttl // 1000 if ttl else (int(pttl) // 1000 if int(pttl) > 0 else None),
             pinned=tuple(sorted(pinned, key=entry_order)),
             summary_covers=covers,
             summary_tokens=summary_tokens,
@@ -1122,20 +1117,18 @@ class ContextStore:
         ):
             raise InvalidInputError("before_ms must be None or a time in milliseconds")
         high: str | int = "+inf" if before_ms is None else f"({before_ms}"
-        ttl_ms = (await self._limits(None)).ttl_ms
-        commands: list[tuple[Any, ...]] = []
-        if ttl_ms:
-            # Sessions idle for longer than the TTL have expired: forget them here.
-            commands.append(
-                ("ZREMRANGEBYSCORE", self._index, "-inf", f"({self._wall_ms() - ttl_ms}")
-            )
-        commands.append(
+        cutoff = self._expiry_cutoff(await self._limits(None))
+        commands: list[tuple[Any, ...]] = [
             ("ZREVRANGEBYSCORE", self._index, high, "-inf", "WITHSCORES", "LIMIT", 0, limit)
-        )
-        rows = (await self._connection.transaction(commands, key=self._index))[-1]
-        return [
-            SessionSummary(_text(rows[i]), int(float(rows[i + 1]))) for i in range(0, len(rows), 2)
         ]
+        if cutoff:
+            commands.append(_idle_since(self._index, cutoff))
+        rows, *idle = await self._connection.transaction(commands, key=self._index)
+        gone = await self._prune_index(cutoff, [_text(s) for s in idle[0]]) if idle else set()
+        listed = (
+            SessionSummary(_text(rows[i]), int(float(rows[i + 1]))) for i in range(0, len(rows), 2)
+        )
+        return [row for row in listed if row.session not in gone]
 
     async def list_tenants(self) -> list[str]:
         """Every tenant that has written a session (for operators and the workers' sweep).
@@ -1150,11 +1143,11 @@ class ContextStore:
     async def delete(self, session: str) -> bool:
         """Delete a session and everything of it. True if it existed."""
         keys = self.keys(session)
-        removed = await self._connection.script(SCRIPTS.delete, keys.all(), (), session=session)
+        (removed,) = await self._connection.transaction(
+            [("DEL", *keys.all())], session=session, key=keys.meta
+        )
         # The keys first, the index entry then: a session is never left unlisted with keys.
-        await self._connection.transaction([("ZREM", self._index, session)], key=self._index)
-        self._indexed.pop(session, None)
-        self._reserved.discard(session)
+        await self._unlist(session)
         return int(removed) > 0
 
     async def forget_tenant(self) -> int:
@@ -1176,13 +1169,18 @@ class ContextStore:
             )
             if not names:
                 break
-            for raw in names:
-                session = _text(raw)
-                info = await self.info(session)
-                await self.delete(session)
-                if info.summary_generation:
-                    await self._forget_job(session, info.summary_generation)
-                removed += 1
+            sessions = [_text(raw) for raw in names]
+            for session in sessions:
+                keys = self.keys(session)
+                generation, _ = await self._connection.transaction(
+                    [("HGET", keys.meta, "sgen"), ("DEL", *keys.all())],
+                    session=session,
+                    key=keys.meta,
+                )
+                if generation:
+                    await self._forget_job(session, int(generation))
+            await self._unlist(*sessions)
+            removed += len(sessions)
         await self._connection.transaction([("DEL", self._index)], key=self._index)
         limits = _keys.tenant_limits_key(self._prefix, self.tenant)
         # A tenant's own ACL user may neither change its limits nor the tenants
@@ -1222,6 +1220,11 @@ class ContextStore:
     async def set_ttl(self, session: str, seconds: int | None) -> None:
         """Give this session its own TTL (refreshed on every write), or none.
 
+        Args:
+            session: The session id.
+            seconds: The TTL; ``None``: the session never expires, whatever
+                the tenant's default (until the next ``set_ttl``).
+
         Raises:
             InvalidInputError: ``seconds`` is neither None nor an integer from 1
                 to a century (3,153,600,000).
@@ -1234,19 +1237,13 @@ class ContextStore:
             raise InvalidInputError(
                 f"seconds must be None or an integer from 1 to {_MAX_TTL}", session=session
             )
-        # The lease and the idempotency keys keep their own expiry.
-        data_keys = (keys.log, keys.meta, keys.keep, keys.view)
-        commands: list[tuple[Any, ...]] = [("EXISTS", keys.meta)]
-        if seconds is None:
-            commands.append(("HDEL", keys.meta, "ttl"))
-            commands.extend(("PERSIST", key) for key in data_keys)
-        else:
-            commands.append(("HSET", keys.meta, "ttl", seconds * 1000))
-            commands.extend(("PEXPIRE", key, seconds * 1000) for key in data_keys)
-        replies = await self._connection.transaction(commands, session=session, key=keys.meta)
-        if not int(replies[0]):
-            if seconds is not None:  # the HSET made a meta: take it back
-                await self._connection.transaction([("DEL", keys.meta)], key=keys.meta)
+        found = await self._connection.script(
+            SCRIPTS.set_ttl,
+            (keys.log, keys.meta, keys.keep, keys.view),
+            (0 if seconds is None else seconds * 1000,),
+            session=session,
+        )
+        if not int(found):
             raise SessionNotFoundError("no such session", tenant=self.tenant, session=session)
 
     async def pin(self, session: str, entry_id: str, pinned: bool = True) -> bool:
@@ -1363,14 +1360,26 @@ class ContextStore:
         """
         if not limits.sessions or session in self._reserved:
             return
-        ttl = limits.ttl_ms
-        now = self._wall_ms()
         reply = await self._connection.script(
             SCRIPTS.session_reserve,
             (self._index,),
-            (session, now, limits.sessions, now - ttl if ttl else 0),
+            (session, self._wall_ms(), limits.sessions),
             session=session,
         )
+        cutoff = self._expiry_cutoff(limits)
+        if int(reply[0]) != 1 and cutoff:
+            # Full: some of the listed sessions may have expired since. Forget
+            # those and ask again.
+            (idle,) = await self._connection.transaction(
+                [_idle_since(self._index, cutoff)], key=self._index
+            )
+            if await self._prune_index(cutoff, [_text(s) for s in idle]):
+                reply = await self._connection.script(
+                    SCRIPTS.session_reserve,
+                    (self._index,),
+                    (session, self._wall_ms(), limits.sessions),
+                    session=session,
+                )
         if int(reply[0]) != 1:
             raise QuotaExceededError(
                 "sessions",
@@ -1384,6 +1393,34 @@ class ContextStore:
             self._reserved.clear()
         self._reserved.add(session)
 
+    def _expiry_cutoff(self, limits: _Limits) -> int:
+        """Sessions idle since before this time (ms) may have expired; 0 without a TTL."""
+        return self._wall_ms() - limits.ttl_ms if limits.ttl_ms else 0
+
+    async def _prune_index(self, cutoff: int, candidates: list[str]) -> set[str]:
+        """Take the candidates whose keys are gone out of the index; return them.
+
+        Idle past the tenant's TTL is not enough: a session may have its own,
+        longer TTL (or none), so only a missing meta says it expired. A
+        candidate touched again since ``cutoff`` stays listed.
+        """
+        if not candidates:
+            return set()
+        metas = [self.keys(session).meta for session in candidates]
+
+        def queue(pipe: Any) -> None:
+            for meta in metas:
+                pipe.hexists(meta, "seq")  # a lease alone makes a meta, not a session
+
+        found = await self._connection.pipeline(queue, key=self._index)
+        gone = {s for s, exists in zip(candidates, found, strict=True) if not int(exists)}
+        if gone:
+            await self._connection.script(SCRIPTS.index_prune, (self._index,), (cutoff, *gone))
+            for session in gone:
+                self._indexed.pop(session, None)
+                self._reserved.discard(session)
+        return gone
+
     async def _unlist_if_unwritten(self, session: str, keys: _keys.SessionKeys) -> None:
         """After a refused first write: take the session back out of the tenant's index.
 
@@ -1391,14 +1428,31 @@ class ContextStore:
         write; a write refused for a session that does not exist must not
         leave the session listed, nor count against the quota.
         """
-        (exists,) = await self._connection.transaction([("EXISTS", keys.meta)], key=keys.meta)
-        if int(exists):
-            return
-        await self._connection.transaction([("ZREM", self._index, session)], key=self._index)
-        self._indexed.pop(session, None)
-        self._reserved.discard(session)
+        (exists,) = await self._connection.transaction(
+            [("HEXISTS", keys.meta, "seq")], key=keys.meta
+        )
+        if not int(exists):
+            await self._unlist(session)
 
-    def _quota_error(self, reply: list[Any], session: str, key: str) -> QuotaExceededError:
+    async def _unlist(self, *sessions: str) -> None:
+        """Take sessions out of the tenant's index (and out of this process's memory of it)."""
+        await self._connection.transaction([("ZREM", self._index, *sessions)], key=self._index)
+        for session in sessions:
+            self._indexed.pop(session, None)
+            self._reserved.discard(session)
+
+    def _refusal(
+        self, reply: list[Any], expected_seq: int | None, session: str, key: str
+    ) -> CtxstoreError:
+        """The error for a write script's ``conflict`` or ``quota`` reply."""
+        if _text(reply[0]) == "conflict":
+            return ConflictError(
+                expected_seq if expected_seq is not None else -1,
+                int(reply[1]),
+                tenant=self.tenant,
+                session=session,
+                key=key,
+            )
         return QuotaExceededError(
             _text(reply[1]),
             float(reply[2]),
@@ -1414,11 +1468,13 @@ class ContextStore:
         With a summary in place, only the trigger counts: a view must not queue
         a job for the raw tail every summary leaves behind.
         """
-        threshold = self._summary_threshold()
+        threshold = self.settings.summary_trigger_tokens
         if threshold <= 0:
             return False
         if snap.summary is None and snap.unsummarized > self.settings.summary_keep_tokens:
-            return True
+            # Unless the last job found nothing to cover (one exchange still
+            # open): the trigger, not every view, asks again.
+            return not snap.summary_idle
         return snap.unsummarized >= threshold
 
     async def _summary_due(self, session: str, generation: int) -> None:
@@ -1459,12 +1515,11 @@ class ContextStore:
                 exc_info=True,
             )
 
-    def _summary_threshold(self) -> int:
-        return self.settings.summary_trigger_tokens
-
     def _wall_ms(self) -> int:
         return self.clock.now_ms() if self.clock is not None else int(time.time() * 1000)
 
+
+_PRUNE_BATCH = 200  # sessions checked for expiry per listing
 
 QUEUE_BACKOFF_MS = 10_000
 """After a failed enqueue, appends leave summaries to the sweep for this long."""
@@ -1502,6 +1557,7 @@ class _Snapshot:
     tokens: int
     unsummarized: int = 0
     summary_due: bool = False
+    summary_idle: bool = False  # the last job found nothing it could cover
     protected: list[Entry] = field(default_factory=list)
     summary: SummaryText | None = None
     tail: list[Entry] = field(default_factory=list)
@@ -1552,6 +1608,32 @@ def _summary_body(summary: SummaryText | None) -> str | None:
 _INT64 = 2**63 - 1
 _DAY = 86_400.0
 _MAX_TTL = 100 * 365 * 86_400  # a century, in seconds: PEXPIRE takes it in ms
+
+
+def _idle_since(index: str, cutoff: int) -> tuple[Any, ...]:
+    """The command listing (a batch of) the sessions idle since before ``cutoff``."""
+    return ("ZRANGEBYSCORE", index, "-inf", f"({cutoff}", "LIMIT", 0, _PRUNE_BATCH)
+
+
+def _current_covers(
+    covers: bytes | None, summary_epoch: bytes | None, epoch: bytes, watermark: bytes | None
+) -> str | None:
+    """What the cached summary covers, if it is the one of this epoch and watermark; else None.
+
+    A commit sets the watermark and the summary together and a rewrite drops
+    both, so they agree unless the view key is left from an older history.
+    """
+    if not covers or summary_epoch != epoch or covers != watermark:
+        return None
+    return covers.decode()
+
+
+def _check_messages(messages: object, session: str) -> None:
+    """Refuse anything but a sequence of messages (a dict or a string is one message)."""
+    if not isinstance(messages, list | tuple) and (
+        isinstance(messages, dict | str) or not isinstance(messages, Sequence)
+    ):
+        raise InvalidInputError("messages must be a list of dicts", session=session)
 
 
 def _check_seq(expected_seq: object) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import anthropic
 
 from ctxstore.errors import SummarizerError, SummarizerUnavailableError
+from ctxstore.policies import result_ids
 from ctxstore.settings import Settings
 from ctxstore.tokens import TiktokenCounter, TokenCounter
 
@@ -267,7 +268,7 @@ class LocalSummarizer:
         for message in messages:
             role = message.get("role")
             body = "\n".join(_texts(message.get("content")))
-            is_result = role == "tool" or _is_result_message(message)
+            is_result = bool(result_ids(message))
             if role == "user" and not is_result:
                 first = _first_sentence(body)
                 if first:
@@ -364,13 +365,6 @@ def _args(arguments: Any) -> str:
     if isinstance(arguments, dict):
         return _clip(", ".join(str(v) for v in arguments.values()), 60)
     return _clip(str(arguments), 60)
-
-
-def _is_result_message(message: dict[str, Any]) -> bool:
-    content = message.get("content")
-    return isinstance(content, list) and any(
-        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
-    )
 
 
 def _results(message: dict[str, Any]) -> list[tuple[str, str, bool]]:

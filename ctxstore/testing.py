@@ -7,8 +7,15 @@
   calls, and can be made to wait (for a test to act mid-job) or to fail.
 - :func:`audit`: checks a session's history against what its writers were
   told (nothing lost, nothing doubled, each writer's order kept).
+- :func:`orphans`: tool calls without their result, and results without
+  their call, in a view (0 in a sound one).
 - :class:`LocalCluster`: a real Redis Cluster on loopback ports (primaries,
   replicas, failover), for tests that must run on one.
+- :func:`redis_under_test`: the Redis to test or measure against;
+  :func:`remove_keys` deletes a run's keys from it afterwards.
+- :func:`free_port`, :func:`free_ports`, :func:`pings` and
+  :func:`stop_processes`: loopback ports, a liveness check, and child
+  processes stopped whatever happened.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import shutil
 import signal
 import socket
@@ -23,12 +31,17 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ctxstore.policies import entry_order
+from redis.asyncio import Redis
+
+from ctxstore.embedded import EmbeddedRedis
+from ctxstore.policies import call_ids, entry_order, result_ids
 
 if TYPE_CHECKING:
     from ctxstore.models import WriteResult
@@ -43,6 +56,13 @@ __all__ = [
     "PortTakenError",
     "WordCounter",
     "audit",
+    "free_port",
+    "free_ports",
+    "orphans",
+    "pings",
+    "redis_under_test",
+    "remove_keys",
+    "stop_processes",
 ]
 
 
@@ -213,6 +233,22 @@ async def audit(
     return Audit(lost, duplicated, out_of_order, len(acks))
 
 
+def orphans(messages: Iterable[dict[str, Any]]) -> int:
+    """Tool calls without their result plus results without their call, in ``messages``.
+
+    A view must never hold one: 0 for every view the store sends.
+    """
+    messages = list(messages)
+    calls = Counter(c for m in messages for c in call_ids(m))
+    results = Counter(r for m in messages for r in result_ids(m))
+    return sum((calls - results).values()) + sum((results - calls).values())
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (another process may take it)."""
+    return _bind_free(0)
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` loopback ports free now, with their cluster bus ports (+10000).
 
@@ -222,7 +258,7 @@ def free_ports(count: int) -> list[int]:
     ports: list[int] = []
     taken: set[int] = set()
     while len(ports) < count:
-        port = _bind_free(0)
+        port = free_port()
         bus = port + 10000
         if bus < 65536 and not {port, bus} & taken and _bind_free(bus) == bus:
             ports.append(port)
@@ -240,13 +276,91 @@ def _bind_free(port: int) -> int:
         return int(sock.getsockname()[1])
 
 
-def _ping(port: int) -> bool:
+def pings(port: int) -> bool:
+    """True if a server on loopback ``port`` answers PING with ``+PONG`` (within 0.5 s).
+
+    False when nothing listens, the server is paused or still loading, or
+    it refuses the unauthenticated PING.
+    """
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.3) as sock:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
             sock.sendall(b"PING\r\n")
             return sock.recv(16).startswith(b"+PONG")
     except OSError:
         return False
+
+
+_LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@contextmanager
+def redis_under_test() -> Iterator[tuple[str, str]]:
+    """The Redis to test or measure against, as ``(url, where it came from)``.
+
+    ``CTXSTORE_REDIS_URL`` when set, else 127.0.0.1:6379 when it answers PING,
+    else an :class:`~ctxstore.EmbeddedRedis` started here and stopped (its
+    keys with it) on exit. The first two may be shared: write under a prefix
+    of your own, and :func:`remove_keys` it before leaving.
+    """
+    url = os.environ.get("CTXSTORE_REDIS_URL")
+    if url:
+        yield url, "CTXSTORE_REDIS_URL"
+    elif pings(6379):
+        yield _LOCAL_REDIS_URL, "local, answering on 127.0.0.1:6379"
+    else:
+        with EmbeddedRedis() as server:
+            yield server.url, "embedded, started for this run"
+
+
+async def remove_keys(client: Redis | str, prefix: str) -> int:
+    """Delete the keys under ``prefix`` and arq's keys of its jobs; return how many.
+
+    Those are the keys matching ``{prefix}*`` (the store's keys and a summary
+    queue named under the prefix) and ``arq:*{prefix}*`` (arq's job, result,
+    retry and in-progress keys: a job id starts with the key prefix), found
+    with SCAN and deleted 500 at a time. No other key is touched: the server
+    may be shared.
+
+    Args:
+        client: A redis-py asyncio client, or a URL (a client is opened and
+            closed here).
+        prefix: The run's own key prefix.
+    """
+    if isinstance(client, str):
+        owned = Redis.from_url(client)
+        try:
+            return await remove_keys(owned, prefix)
+        finally:
+            await owned.aclose()
+    removed = 0
+    for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
+        batch: list[bytes] = []
+        async for key in client.scan_iter(match=pattern, count=1_000):
+            batch.append(key)
+            if len(batch) == 500:
+                removed += int(await client.delete(*batch))
+                batch.clear()
+        if batch:
+            removed += int(await client.delete(*batch))
+    return removed
+
+
+def stop_processes(processes: Iterable[BaseProcess], timeout: float = 10) -> None:
+    """Stop child processes, whatever state they are in, and reap them.
+
+    Each one started and still running gets SIGTERM, then SIGKILL if it has
+    not exited ``timeout`` seconds later; every started one is joined. Ones
+    never started are skipped. Safe to call twice (``finally`` blocks).
+    """
+    started = [p for p in processes if p.pid is not None]
+    for process in started:
+        if process.is_alive():
+            process.terminate()
+    for process in started:
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def _command(port: int, *args: str) -> str:
@@ -351,7 +465,7 @@ class LocalCluster:
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 10
-        while not _ping(port):
+        while not pings(port):
             if self.processes[port].poll() is not None:
                 log = (node_dir / "redis.log").read_text(errors="replace")
                 failure = PortTakenError if "Address already in use" in log else RuntimeError

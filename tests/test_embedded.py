@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from ctxstore import ContextStore, EmbeddedRedis, Settings, StoreUnavailableError
-from ctxstore.embedded import redis_server_binary
+from ctxstore.embedded import redis_server_binary, shared_embedded_url
 
 
 def test_the_bundled_binary_is_found() -> None:
@@ -43,8 +43,20 @@ async def test_persistent_embedded_server_keeps_data_across_restarts(tmp_path: o
         await client.aclose()
 
 
-def test_settings_without_url_start_the_shared_embedded_server(tenant: str) -> None:
-    """from_settings with no redis_url uses the process's embedded server."""
-    store = ContextStore.from_settings(Settings(redis_url=None), tenant=tenant)
-    kwargs = store._connection.client.connection_pool.connection_kwargs
-    assert kwargs["path"].endswith("redis.sock")
+async def test_settings_without_url_start_the_shared_embedded_server(tenant: str) -> None:
+    """from_settings with no redis_url runs on the process's embedded server, and works."""
+    message = {"role": "user", "content": "through the embedded server"}
+    async with ContextStore.from_settings(Settings(redis_url=None), tenant=tenant) as store:
+        kwargs = store._connection.client.connection_pool.connection_kwargs
+        assert kwargs["path"].endswith("redis.sock")
+        # The server started is the shared one (asked again, it is not started twice).
+        assert f"unix://{kwargs['path']}" == shared_embedded_url()
+        written = await store.append("s", message)
+        page = await store.read("s")
+        assert [(m.entry_id, m.message) for m in page.messages] == [(written.entry_id, message)]
+    # The data is on that server: a plain client on its socket sees the session's stream.
+    client = Redis.from_url(shared_embedded_url())
+    try:
+        assert await client.xlen(store.keys("s").log) == 1
+    finally:
+        await client.aclose()

@@ -196,7 +196,9 @@ async def test_views_work_encrypted(stores: MakeStore, k1: Keyring) -> None:
     assert short.messages[0] == written[0] and PINNED in short.messages
 
 
-async def test_a_cached_summary_round_trips_encrypted(stores: MakeStore, k1: Keyring) -> None:
+async def test_a_cached_summary_round_trips_encrypted(
+    stores: MakeStore, k1: Keyring, raw_redis: Redis
+) -> None:
     """A summary made through an encrypted store is sealed in Redis and opened in views."""
     store = stores(k1)
     await write_conversation(store, "s")
@@ -206,6 +208,15 @@ async def test_a_cached_summary_round_trips_encrypted(stores: MakeStore, k1: Key
     assert view.stats.summary_used
     summary = next(m["content"] for m in view.messages if m["content"].startswith("<summary>"))
     assert ALPHA in summary  # the summary holds content: it must be sealed like the rest
+    # In Redis, the summary's text is sealed with k1, holds none of it in clear, and
+    # opens (for this tenant and session) to exactly what the view sent.
+    body = summary.removeprefix("<summary>\n").removesuffix("\n</summary>")
+    raw = await raw_redis.hget(store.keys("s").view, "text")
+    assert raw is not None
+    assert sealed_key_id(raw) == "k1"
+    assert leaks({"text": [raw]}) == {}
+    assert body.encode() not in raw
+    assert k1.open(store.tenant, "s", raw) == body.encode()
 
 
 async def test_encryption_from_settings(stores: MakeStore, raw_redis: Redis) -> None:

@@ -4,7 +4,9 @@ Each example works on a session of its own (sometimes seeded with two
 messages first), snapshots the session's keys in Redis (DUMP and expiry of
 each), makes one call with arbitrary arguments, and then checks: an
 exception is a ``CtxstoreError`` and the snapshot is unchanged; a success
-wrote what it said (what get_messages returns is what was appended).
+wrote what it said (what get_messages returns is what was appended); and a
+call whose every argument came from the valid side of its strategy is not
+refused (a stale expected_seq excepted: that is a ConflictError).
 
 The bugs this fuzzing found are pinned by the regression tests at the end,
 which feed those inputs directly (each strategy that keeps away from one
@@ -18,7 +20,6 @@ out equal).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -37,6 +38,7 @@ from redis.asyncio import Redis
 
 from ctxstore import (
     AppendResult,
+    ConflictError,
     ContextStore,
     CtxstoreError,
     HistoryPage,
@@ -48,6 +50,7 @@ from ctxstore import (
     WriteResult,
 )
 from ctxstore.budget import MAX_BUDGET
+from ctxstore.policies import entry_order
 
 FUZZ = hypothesis.settings(
     max_examples=200,
@@ -249,11 +252,25 @@ def mutated_message(draw: st.DrawFn) -> dict[str, Any]:
     return message
 
 
-ANY_MESSAGE = st.integers(0, 3).flatmap(
-    lambda i: (WILD, mutated_message(), mutated_message(), valid_message())[i]
-)
-ANY_MESSAGES = mostly(st.lists(ANY_MESSAGE, max_size=4), st.tuples(ANY_MESSAGE) | WILD)
 VALID_MESSAGES = st.lists(valid_message(), min_size=1, max_size=5)
+
+# Drawn with a flag: True when the value came from the valid side of its strategy (the
+# call must then not refuse it), False when it may be anything (valid by chance or not).
+Tagged = tuple[Any, bool]
+TAGGED_MESSAGE: st.SearchStrategy[Tagged] = st.integers(0, 3).flatmap(
+    lambda i: (WILD, mutated_message(), mutated_message(), valid_message())[i].map(
+        lambda message: (message, i == 3)
+    )
+)
+TAGGED_MESSAGES: st.SearchStrategy[Tagged] = mostly(
+    st.lists(TAGGED_MESSAGE, max_size=4).map(
+        lambda drawn: ([m for m, _ in drawn], all(valid for _, valid in drawn))
+    )
+    # At most four: four of the largest valid messages stay under the session quota.
+    | st.lists(valid_message(), min_size=1, max_size=4).map(lambda messages: (messages, True)),
+    st.tuples(TAGGED_MESSAGE).map(lambda drawn: ((drawn[0][0],), drawn[0][1]))
+    | WILD.map(lambda wild: (wild, False)),
+)
 
 # Mostly a fresh valid session (a valid id drawn is swapped for a fresh one), else hostile.
 SESSIONS = mostly(st.just("fresh"), st.none() | st.text(max_size=12) | ODD_TEXT | ARG_WILD)
@@ -342,9 +359,39 @@ async def snapshot(raw: Redis, store: ContextStore, session: str) -> Snapshot:
     return dumps, replies[-1]
 
 
-def entry_order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq)
+def is_seq(value: Any) -> bool:
+    """An expected_seq the store takes (it may still be stale): None or 0 to 2**63-1."""
+    return value is None or (type(value) is int and 0 <= value < 2**63)
+
+
+def is_seed_keys(keys: Any, count: int) -> bool:
+    """idempotency_keys from the valid side: None, or ``count`` distinct seed keys."""
+    return keys is None or (
+        isinstance(keys, list | tuple)
+        and len(keys) == count
+        and all(isinstance(k, str) and k in SEED_KEYS for k in keys)
+        and len(set(keys)) == count
+    )
+
+
+def refused(result: Any, method: str, *, valid: bool, stale: bool = False) -> bool:
+    """Whether ``result`` is a :class:`Refused`, once checked that the call may refuse.
+
+    Args:
+        result: What :meth:`Session.call` answered.
+        method: The store method called.
+        valid: Every argument came from the valid side of its strategy: the
+            call must not be refused...
+        stale: ...unless its expected_seq is stale and it had something to
+            write: then it must be refused, with a ConflictError.
+    """
+    hypothesis.event(f"{method} arguments", "valid" if valid else "any")
+    if valid and stale:
+        assert isinstance(result, Refused), f"{method} with a stale expected_seq: {result!r}"
+        assert isinstance(result.error, ConflictError), f"{method}: {result.error!r}"
+    elif valid:
+        assert not isinstance(result, Refused), f"valid {method} refused: {result.error!r}"
+    return isinstance(result, Refused)
 
 
 class Refused:
@@ -444,7 +491,7 @@ async def fuzz_store(settings: Settings, tenant: str) -> AsyncIterator[ContextSt
 @given(
     session=SESSIONS,
     seeded=st.booleans(),
-    message=ANY_MESSAGE,
+    tagged_message=TAGGED_MESSAGE,
     key=IDEMPOTENCY_KEY,
     expected_seq=EXPECTED_SEQ,
     pinned=FLAGS,
@@ -454,18 +501,32 @@ async def test_append_takes_anything(
     raw_redis: Redis,
     session: Any,
     seeded: bool,
-    message: Any,
+    tagged_message: Tagged,
     key: Any,
     expected_seq: Any,
     pinned: Any,
 ) -> None:
-    """append: a ctxstore error and nothing written, or the message stored as given."""
+    """append: a ctxstore error and nothing written, or the message stored as given.
+
+    Valid arguments are never refused, except with a ConflictError when
+    expected_seq is stale and the key is not one already appended.
+    """
+    message, valid_message = tagged_message
     s = Session(fuzz_store, raw_redis, session)
     await s.seed(seeded)
     result = await s.call(
         "append", message, idempotency_key=key, expected_seq=expected_seq, pinned=pinned
     )
-    if isinstance(result, Refused):
+    valid = (
+        s.valid
+        and valid_message
+        and (key is None or key in SEED_KEYS)
+        and is_seq(expected_seq)
+        and type(pinned) is bool
+    )
+    fresh = key not in SEED_KEYS[: len(s.seeded)]
+    stale = fresh and expected_seq not in (None, len(s.seeded))
+    if refused(result, "append", valid=valid, stale=stale):
         return
     assert isinstance(result, AppendResult)
     if result.duplicate:
@@ -482,7 +543,9 @@ async def test_append_takes_anything(
 @given(
     session=SESSIONS,
     seeded=st.booleans(),
-    messages_and_keys=ANY_MESSAGES.flatmap(lambda m: st.tuples(st.just(m), idempotency_keys(m))),
+    messages_and_keys=TAGGED_MESSAGES.flatmap(
+        lambda tagged: st.tuples(st.just(tagged), idempotency_keys(tagged[0]))
+    ),
     expected_seq=EXPECTED_SEQ,
     pinned=FLAGS,
 )
@@ -491,18 +554,34 @@ async def test_append_many_takes_anything(
     raw_redis: Redis,
     session: Any,
     seeded: bool,
-    messages_and_keys: tuple[Any, Any],
+    messages_and_keys: tuple[Tagged, Any],
     expected_seq: Any,
     pinned: Any,
 ) -> None:
-    """append_many: a ctxstore error and nothing written, or every new message stored in order."""
-    messages, keys = messages_and_keys
+    """append_many: a ctxstore error and nothing written, or every new message stored in order.
+
+    Valid arguments are never refused, except with a ConflictError when
+    expected_seq is stale and one of the messages is new.
+    """
+    (messages, valid_messages), keys = messages_and_keys
     s = Session(fuzz_store, raw_redis, session)
     await s.seed(seeded)
     results = await s.call(
         "append_many", messages, idempotency_keys=keys, expected_seq=expected_seq, pinned=pinned
     )
-    if isinstance(results, Refused):
+    valid = (
+        s.valid
+        and valid_messages
+        and is_seed_keys(keys, len(messages))
+        and is_seq(expected_seq)
+        and type(pinned) is bool
+    )
+    stale = False
+    if valid:  # a stale expected_seq refuses a batch that has a message not appended yet
+        appended = SEED_KEYS[: len(s.seeded)]
+        fresh = [k not in appended for k in keys] if keys is not None else [True] * len(messages)
+        stale = any(fresh) and expected_seq not in (None, len(s.seeded))
+    if refused(results, "append_many", valid=valid, stale=stale):
         return
     assert isinstance(results, list) and len(results) == len(messages)
     fresh = [coerced(m) for m, r in zip(messages, results, strict=True) if not r.duplicate]
@@ -517,20 +596,27 @@ async def test_append_many_takes_anything(
 
 
 @FUZZ
-@given(session=SESSIONS, seeded=st.booleans(), messages=ANY_MESSAGES, expected_seq=EXPECTED_SEQ)
+@given(session=SESSIONS, seeded=st.booleans(), tagged=TAGGED_MESSAGES, expected_seq=EXPECTED_SEQ)
 async def test_replace_takes_anything(
     fuzz_store: ContextStore,
     raw_redis: Redis,
     session: Any,
     seeded: bool,
-    messages: Any,
+    tagged: Tagged,
     expected_seq: Any,
 ) -> None:
-    """replace: a ctxstore error and nothing written, or exactly the new history stored."""
+    """replace: a ctxstore error and nothing written, or exactly the new history stored.
+
+    Valid arguments are never refused, except with a ConflictError when
+    expected_seq is stale.
+    """
+    messages, valid_messages = tagged
     s = Session(fuzz_store, raw_redis, session)
     await s.seed(seeded)
     result = await s.call("replace", messages, expected_seq=expected_seq, rewrite=True)
-    if isinstance(result, Refused):
+    valid = s.valid and valid_messages and is_seq(expected_seq)
+    stale = expected_seq not in (None, len(s.seeded))
+    if refused(result, "replace", valid=valid, stale=stale):
         return
     assert isinstance(result, WriteResult)
     assert (result.count, result.superseded) == (len(messages), len(s.seeded))
@@ -615,14 +701,23 @@ async def test_session_calls_take_anything(
         assert view.stats.history_messages == len(s.seeded)
         assert await s.snapshot() == before  # a view writes nothing
     elif method == "clear":
-        result = await s.call("clear", expected_seq=args[0], rewrite=True)
-        if not isinstance(result, Refused):
+        expected_seq = args[0]
+        result = await s.call("clear", expected_seq=expected_seq, rewrite=True)
+        valid = s.valid and is_seq(expected_seq)
+        stale = expected_seq not in (None, len(s.seeded))
+        if not refused(result, "clear", valid=valid, stale=stale):
             assert isinstance(result, WriteResult) and result.superseded == len(s.seeded)
             assert await fuzz_store.get_messages(s.id) == []
     else:
         after, limit = entry(args[0]), args[1]
         page = await s.call("read", after=after, limit=limit)
-        if isinstance(page, Refused):
+        valid = (
+            s.valid
+            and (after is None or after in ids.values() or after in ("0-0", "1-1"))
+            and type(limit) is int
+            and 0 < limit <= 10_000
+        )
+        if refused(page, "read", valid=valid):
             return
         assert isinstance(page, HistoryPage)
         assert type(limit) is int and 0 < limit <= 10_000
@@ -686,9 +781,9 @@ async def test_a_block_type_that_is_not_hashable_is_refused(
 async def test_a_view_budget_too_large_for_a_float_is_refused(
     fuzz_store: ContextStore, budget: int
 ) -> None:
-    """view(token_budget=<an integer no float holds>) is a ctxstore error, or a view."""
+    """view(token_budget=<an integer no float holds>) is refused as bad input, not a crash."""
     await fuzz_store.append("s", {"role": "user", "content": "hi"})
-    with contextlib.suppress(CtxstoreError):
+    with pytest.raises(InvalidInputError, match="token_budget"):
         await fuzz_store.view("s", token_budget=budget)
 
 
@@ -733,9 +828,11 @@ async def test_idempotency_keys_of_the_wrong_type_are_refused(
     assert await fuzz_store.get_messages("s") == []
 
 
+# Exits 0 only when the call is refused with an InvalidInputError and the session is
+# unchanged; 3 when the call was accepted; 1 on any other exception.
 _CALL_WITH_A_LONG_INT = """
 import asyncio, sys
-from ctxstore import ContextStore, CtxstoreError, Settings
+from ctxstore import ContextStore, InvalidInputError, Settings
 
 async def main() -> None:
     url, prefix, tenant, call = sys.argv[1:]
@@ -747,8 +844,13 @@ async def main() -> None:
                 await store.append("s", {"role": "user", "content": "y"}, expected_seq=10**5000)
             else:
                 await store.set_ttl("s", 10**5000)
-        except CtxstoreError:
-            pass
+        except InvalidInputError as exc:
+            print("refused:", type(exc).__name__)
+        else:
+            print("accepted")
+            sys.exit(3)
+        assert await store.get_messages("s") == [{"role": "user", "content": "x"}]
+        assert (await store.info("s")).ttl_seconds is None
 
 asyncio.run(main())
 """
@@ -758,7 +860,10 @@ asyncio.run(main())
 def test_an_integer_too_long_for_str_is_refused_not_a_crash(
     settings: Settings, tenant: str, call: str
 ) -> None:
-    """A 5,000-digit expected_seq or TTL is a ctxstore error; the process survives (subprocess)."""
+    """A 5,000-digit expected_seq or TTL is an InvalidInputError; the process survives.
+
+    In a subprocess: the crash this pins killed the interpreter.
+    """
     assert settings.redis_url is not None
     argv = [settings.redis_url, settings.key_prefix, tenant, call]
     done = subprocess.run(
@@ -767,7 +872,10 @@ def test_an_integer_too_long_for_str_is_refused_not_a_crash(
         timeout=60,
         check=False,
     )
-    assert done.returncode == 0, (done.returncode, done.stderr.decode()[-2000:])
+    report = (done.returncode, done.stdout.decode(), done.stderr.decode()[-2000:])
+    assert done.returncode != 3, f"the call was not refused: {report}"
+    assert done.returncode == 0, report
+    assert done.stdout.decode().splitlines() == ["refused: InvalidInputError"], report
 
 
 @pytest.mark.parametrize(

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from conftest import BACKENDS
 from redis.asyncio import Redis
 
 from ctxstore import ContextStore, LeaseHeldError, LeaseLostError, Settings
+from ctxstore._scripts import SCRIPTS
 from ctxstore.testing import ManualClock
 
 pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 
 USER = {"role": "user", "content": "hello"}
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    """A clock the test moves by hand."""
-    return ManualClock()
 
 
 @pytest.fixture
@@ -60,12 +56,30 @@ async def test_a_held_lease_is_not_given_twice(timed: ContextStore) -> None:
     assert second.fence > first.fence
 
 
-async def test_waiting_taker_gets_the_lease_when_it_is_released(timed: ContextStore) -> None:
-    """A taker that waits gets the lease as soon as the holder releases it."""
+async def test_waiting_taker_gets_the_lease_when_it_is_released(
+    timed: ContextStore, raw_redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A taker that waits gets the lease as soon as the holder releases it, not before."""
     await timed.append("s", USER)
     first = await timed.lease("s", wait_s=0)
+    keys = timed.keys("s")
+    # Count the waiter's attempts that Redis has answered (only it takes leases from here).
+    answered = 0
+    script = timed._connection.script
+
+    async def counting(called: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal answered
+        reply = await script(called, *args, **kwargs)
+        answered += called is SCRIPTS.lease_acquire
+        return reply
+
+    monkeypatch.setattr(timed._connection, "script", counting)
     waiting = asyncio.create_task(timed.lease("s", wait_s=5))
-    await asyncio.sleep(0)
+    await until(lambda: answered >= 1)
+    # A round trip more gives a waiter that had (wrongly) been granted time to finish.
+    await first.renew()  # raises LeaseLostError had the waiter taken the lease
+    assert await raw_redis.hget(keys.lease, "token") == first.token.encode()
+    assert int(await raw_redis.hget(keys.meta, "fence")) == first.fence  # no new acquisition
     assert not waiting.done()
     await first.release()
     second = await asyncio.wait_for(waiting, 5)

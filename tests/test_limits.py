@@ -181,29 +181,29 @@ async def test_message_cap_per_tenant(stores: MakeStore, raw_redis: Redis) -> No
     assert await writer.get_messages("s") == [sized(200)]
 
 
-async def test_message_cap_is_never_above_the_settings_maximum(
-    stores: MakeStore, raw_redis: Redis
+@pytest.mark.parametrize(
+    ("own", "maximum", "cap"),
+    [
+        pytest.param(100_000, 500, 500, id="own-above-the-maximum"),
+        pytest.param(300, 100_000, 300, id="own-below-the-maximum"),
+    ],
+)
+async def test_message_cap_is_the_lower_of_the_tenants_and_the_settings_maximum(
+    stores: MakeStore, raw_redis: Redis, own: int, maximum: int, cap: int
 ) -> None:
-    """A tenant's message_bytes above settings.max_message_bytes is capped by the latter."""
-    writer = await limited(stores, TenantLimits(message_bytes=100_000), max_message_bytes=500)
+    """A tenant's message_bytes applies below settings.max_message_bytes, which caps it above."""
+    writer = await limited(stores, TenantLimits(message_bytes=own), max_message_bytes=maximum)
     before = await snapshot(raw_redis, writer, "s")
     with pytest.raises(MessageTooLargeError) as caught:
-        await writer.append("s", sized(501))
+        await writer.append("s", sized(cap + 1))
     assert (caught.value.quota, caught.value.limit, caught.value.value) == (
         "message_bytes",
-        500,
-        501,
+        cap,
+        cap + 1,
     )
     assert await snapshot(raw_redis, writer, "s") == before
-    await writer.append("s", sized(500))
-
-
-async def test_message_cap_below_the_settings_maximum_applies(stores: MakeStore) -> None:
-    """A tenant's message_bytes below settings.max_message_bytes is the cap in force."""
-    writer = await limited(stores, TenantLimits(message_bytes=300), max_message_bytes=100_000)
-    with pytest.raises(MessageTooLargeError) as caught:
-        await writer.append("s", sized(301))
-    assert caught.value.limit == 300
+    await writer.append("s", sized(cap))
+    assert await writer.get_messages("s") == [sized(cap)]
 
 
 async def test_message_cap_on_append_many_and_replace(stores: MakeStore, raw_redis: Redis) -> None:
@@ -362,19 +362,33 @@ async def test_settings_defaults_apply_without_tenant_limits(
     assert await snapshot(raw_redis, writer, "s") == before
 
 
-async def test_tenant_limits_override_settings_defaults_downwards(stores: MakeStore) -> None:
-    """A tenant's own session_bytes below the settings' default is the one in force."""
-    writer = await limited(stores, TenantLimits(session_bytes=150), session_bytes=100_000)
+@pytest.mark.parametrize(
+    ("own", "default"),
+    [pytest.param(150, 100_000, id="downwards"), pytest.param(100_000, 150, id="upwards")],
+)
+async def test_tenant_limits_override_settings_defaults(
+    stores: MakeStore, raw_redis: Redis, own: int, default: int
+) -> None:
+    """A tenant's own session_bytes, below or above the settings' default, is the one in force.
+
+    The session takes ``own`` bytes (over the default when that is lower),
+    and not one message more (under the default when that is higher).
+    """
+    writer = await limited(stores, TenantLimits(session_bytes=own), session_bytes=default)
     with pytest.raises(QuotaExceededError) as caught:
-        await writer.append("s", sized(151))
-    assert caught.value.limit == 150
-
-
-async def test_tenant_limits_override_settings_defaults_upwards(stores: MakeStore) -> None:
-    """A tenant's own session_bytes above the settings' default is the one in force."""
-    writer = await limited(stores, TenantLimits(session_bytes=100_000), session_bytes=150)
-    await writer.append("s", sized(500))
-    assert await writer.get_messages("s") == [sized(500)]
+        await writer.append("s", sized(own + 1, "ab "))
+    assert (caught.value.quota, caught.value.limit, caught.value.value) == (
+        "session_bytes",
+        own,
+        own + 1,
+    )
+    await writer.append("s", sized(own, "ab "))
+    assert await writer.get_messages("s") == [sized(own, "ab ")]
+    before = await snapshot(raw_redis, writer, "s")
+    with pytest.raises(QuotaExceededError) as caught:
+        await writer.append("s", USER)
+    assert (caught.value.quota, caught.value.limit) == ("session_bytes", own)
+    assert await snapshot(raw_redis, writer, "s") == before
 
 
 async def test_set_limits_applies_at_once_on_the_same_store(stores: MakeStore) -> None:

@@ -905,7 +905,15 @@ def test_property_exchanges_kept_or_dropped_whole(sc: Scenario) -> None:
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_property_previews_only_when_full_does_not_fit(sc: Scenario) -> None:
-    """A tail entry goes as a preview only when its full form would break the budget."""
+    """A tail entry goes as a preview only when its full form would break the budget.
+
+    The budget charged when previews are chosen is what the plan counts, plus
+    what a repair later removed whole (no longer counted): protected entries,
+    charged in full, and tail entries. Each entry removed has repair lines of
+    its own, so at most ``len(plan.repairs)``, less the protected ones removed,
+    of the tail entries not sent had been charged, each at most its full
+    size. With no repairs the bound is exact.
+    """
     plan, originals = _plan(sc)
     protected_ids = {e.entry_id for e in sc.protected}
     roomy = sum(e.tokens for e in sc.tail if e.entry_id not in protected_ids)
@@ -914,14 +922,30 @@ def test_property_previews_only_when_full_does_not_fit(sc: Scenario) -> None:
         plain = [e.entry_id for e in sc.tail if not e.kind and not _is_tool(e.message)]
         assert set(plain) <= set(plan.kept_ids)
         assert set(plan.offloaded) <= protected_ids
-    if plan.repairs:  # a repair may uncount entries after the previews were chosen
-        return
+    kept = set(plan.kept_ids)
+    removed = [e for e in sc.protected if e.entry_id not in kept]  # only a repair removes them
+    assert len(removed) <= len(plan.repairs)
+    unsent = sorted(
+        (
+            max(e.tokens, e.preview_tokens)
+            for e in sc.tail
+            if e.entry_id not in kept and e.entry_id not in protected_ids
+        ),
+        reverse=True,
+    )
+    # Both 0 without repairs.
+    uncounted = sum(e.tokens for e in removed)
+    uncounted += sum(unsent[: len(plan.repairs) - len(removed)])
     # Protected entries are charged in full even when sent as a preview (see
     # test_pinned_large_result_sent_in_full_when_it_fits).
-    charged = plan.tokens + sum(
-        originals[i].tokens - originals[i].preview_tokens
-        for i in plan.offloaded
-        if i in protected_ids
+    charged = (
+        plan.tokens
+        + uncounted
+        + sum(
+            originals[i].tokens - originals[i].preview_tokens
+            for i in plan.offloaded
+            if i in protected_ids
+        )
     )
     for entry_id in plan.offloaded:
         if entry_id not in protected_ids:

@@ -13,32 +13,19 @@ import time
 from typing import Any
 
 import pytest
+from helpers import append_until_due
 from pydantic import ValidationError
 from redis.asyncio import Redis
-from servers import PrivateRedis, ServerPool, free_port, run_burst
+from servers import PrivateRedis, ServerPool, run_burst
 
 import ctxstore.jobs
 from ctxstore import ConfigurationError, ContextStore, Settings, StoreUnavailableError
 from ctxstore.jobs import SummaryQueue, queue_redis_settings
 from ctxstore.settings import SentinelAddress, sentinel_address
 from ctxstore.store import QUEUE_BACKOFF_MS
-from ctxstore.testing import FakeSummarizer, ManualClock
+from ctxstore.testing import FakeSummarizer, ManualClock, free_port
 from workers import worker_options
 from workers.worker import STARTUP_CONN_RETRIES
-
-
-def turn(i: int) -> dict[str, Any]:
-    """A plain turn of about 38 tokens."""
-    role = "user" if i % 2 == 0 else "assistant"
-    return {"role": role, "content": f"turn {i}: " + "the quick brown fox jumps " * 6}
-
-
-async def append_until_due(store: ContextStore, session: str) -> None:
-    """Append turns until one raises the session's summary flag."""
-    for i in range(100):
-        if (await store.append(session, turn(i))).summary_due:
-            return
-    raise AssertionError("the trigger was never crossed")
 
 
 @pytest.fixture

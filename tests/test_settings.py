@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
-from ctxstore import Settings
+import ctxstore.embedded
+from ctxstore import ConfigurationError, EmbeddedRedis, Settings
 
 
 def test_environment_is_read_when_called(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,3 +44,24 @@ def test_invalid_settings_are_refused(field: str, value: object) -> None:
     """Values that cannot work are refused at construction."""
     with pytest.raises(ValidationError):
         Settings(**{field: value})  # type: ignore[arg-type]
+
+
+# With no Redis URL configured, the store runs an embedded Redis (ctxstore.embedded).
+
+
+def test_embedded_redis_that_cannot_start_leaves_no_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No binary, or one that cannot run: ConfigurationError, and no temporary directory left."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(ConfigurationError, match="cannot run redis-server"):
+        EmbeddedRedis(binary=str(tmp_path / "no-such-redis-server")).start()
+    assert list(tmp_path.iterdir()) == []
+
+    def no_binary() -> str:
+        raise ConfigurationError("no redis-server binary was found")
+
+    monkeypatch.setattr(ctxstore.embedded, "redis_server_binary", no_binary)
+    with pytest.raises(ConfigurationError, match="no redis-server"):
+        EmbeddedRedis().start()
+    assert list(tmp_path.iterdir()) == []

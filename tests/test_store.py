@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from ctxstore import (
     StoreUnavailableError,
 )
 from ctxstore.policies import call_ids, result_ids
+from ctxstore.testing import ManualClock
 
 pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 
@@ -575,15 +575,25 @@ async def test_clear_drops_messages_but_keeps_the_session(store: ContextStore) -
 # -- sessions --------------------------------------------------------------------
 
 
-async def test_list_sessions_most_recent_first(store: ContextStore) -> None:
-    """list_sessions returns the tenant's sessions by last activity, paged."""
-    for name in ("a", "b", "c"):
-        await store.append(name, USER)
-        await asyncio.sleep(0.002)  # distinct millisecond scores, not synchronisation
-    rows = await store.list_sessions()
-    assert [r.session for r in rows] == ["c", "b", "a"]
-    older = await store.list_sessions(limit=1, before_ms=rows[0].last_active_ms)
-    assert [r.session for r in older] == ["b"]
+async def test_list_sessions_most_recent_first(settings: Settings, tenant: str) -> None:
+    """list_sessions returns the tenant's sessions by last activity, paged.
+
+    Last activity is the store's clock: a manual one gives each session its own time.
+    """
+    clock = ManualClock()
+    start = clock.now_ms()
+    async with ContextStore.from_settings(settings, tenant=tenant, clock=clock) as store:
+        for name in ("a", "b", "c"):
+            await store.append(name, USER)
+            clock.advance(1)
+        rows = await store.list_sessions()
+        assert [(r.session, r.last_active_ms) for r in rows] == [
+            ("c", start + 2_000),
+            ("b", start + 1_000),
+            ("a", start),
+        ]
+        older = await store.list_sessions(limit=1, before_ms=rows[0].last_active_ms)
+        assert [r.session for r in older] == ["b"]
 
 
 async def test_delete_removes_every_key(store: ContextStore, raw_redis: Redis) -> None:

@@ -10,15 +10,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from helpers import append_until_due, turn
 from redis.asyncio import Redis
-from servers import Logged, Monitor, PrivateRedis, ServerPool, all_keys, redis7_binary, run_burst
+from servers import Logged, Monitor, PrivateRedis, ServerPool, all_keys, run_burst
 
 from ctxstore import (
-    AppendResult,
     ContextStore,
     InvalidIdError,
     LocalSummarizer,
@@ -26,7 +26,6 @@ from ctxstore import (
     TenantLimits,
 )
 from ctxstore._keys import tenant_sessions_key, tenants_key
-from ctxstore.embedded import redis_server_binary
 from ctxstore.jobs import job_id
 from ctxstore.testing import ManualClock
 
@@ -77,21 +76,6 @@ HOSTILE_TENANTS: list[Any] = [
 ]
 EDGE_SESSIONS = ["s", "a.b-c_d", "x" * 128, "_", "Z9"]
 """Valid ids at the edges of the grammar."""
-
-
-def turn(i: int) -> dict[str, Any]:
-    """Turn ``i`` of a plain conversation (about 40 cl100k tokens)."""
-    role = "user" if i % 2 == 0 else "assistant"
-    return {"role": role, "content": f"turn {i}: we decided to keep file f{i}.py as it is " * 3}
-
-
-async def append_until_due(store: ContextStore, session: str) -> AppendResult:
-    """Append turns until one raises the session's summary flag; that append's result."""
-    for i in range(100):
-        result = await store.append(session, turn(i))
-        if result.summary_due:
-            return result
-    raise AssertionError("no append raised the summary flag")
 
 
 async def collect(items: AsyncIterator[Any]) -> list[Any]:
@@ -146,14 +130,6 @@ async def keys_named(admin: Redis, logged: list[Logged]) -> set[str]:
         keys = await admin.command_getkeys(*entry.args)
         found.update(k.decode() if isinstance(k, bytes) else k for k in keys)
     return found
-
-
-@pytest.fixture
-def servers() -> Iterator[ServerPool]:
-    """Private servers of this test's own, stopped at its end."""
-    pool = ServerPool(redis7_binary() or redis_server_binary())
-    yield pool
-    pool.stop_all()
 
 
 @pytest.fixture
@@ -433,6 +409,9 @@ async def test_list_sessions_forgets_sessions_idle_longer_than_the_ttl(
         await store.append("fresh", turn(1))
         assert [r.session for r in await store.list_sessions()] == ["fresh", "idle"]
         clock.advance(2)
+        # Redis's TTLs run on real time: expire the idle session's keys as Redis would.
+        assert 0 < await raw_redis.pttl(store.keys("idle").meta) <= ttl * 1000
+        await raw_redis.delete(*store.keys("idle").all())
         assert [r.session for r in await store.list_sessions()] == ["fresh"]
     index = tenant_sessions_key(settings.key_prefix, tenant)
     assert await raw_redis.zrange(index, 0, -1) == [b"fresh"]

@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import socket
 import subprocess
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import RUN_PREFIX
+from redis.asyncio import Redis
+from servers import ServerPool
 
 from ctxstore import ContextStore, testing
-from ctxstore.testing import Ack, LocalCluster, ManualClock, PortTakenError, WordCounter, audit
+from ctxstore.testing import (
+    Ack,
+    LocalCluster,
+    ManualClock,
+    PortTakenError,
+    WordCounter,
+    audit,
+    free_port,
+    orphans,
+    pings,
+    redis_under_test,
+    remove_keys,
+    stop_processes,
+)
 
 
 def key(message: dict[str, Any]) -> tuple[str, int] | None:
@@ -77,6 +96,81 @@ def test_free_ports_never_hand_out_a_port_that_is_another_ports_bus() -> None:
     every = ports + [port + 10000 for port in ports]
     assert len(set(every)) == len(every)
     assert max(every) < 65536
+
+
+def test_orphans_counts_unanswered_calls_and_results_without_a_call() -> None:
+    """A call with its result is sound; a lone call and a lone result count one each."""
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}
+        ],
+    }
+    result = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+    stray = {"role": "tool", "tool_call_id": "c2", "content": "ok"}
+    assert orphans([call, result]) == 0
+    assert orphans([call]) == 1
+    assert orphans([call, result, stray]) == 1
+    assert orphans([]) == 0
+
+
+def test_pings_tells_a_redis_from_a_silent_port_and_a_closed_one(servers: ServerPool) -> None:
+    """True for a Redis answering PONG; False for a port that never answers or nobody holds."""
+    server = servers.start()
+    assert pings(server.port)
+    server.pause()
+    try:
+        assert not pings(server.port)  # connected, never answered
+    finally:
+        server.resume()
+    with listening() as silent:
+        assert not pings(silent)
+    assert not pings(free_port())
+
+
+def test_redis_under_test_prefers_the_configured_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CTXSTORE_REDIS_URL wins, whatever answers on 6379."""
+    monkeypatch.setenv("CTXSTORE_REDIS_URL", "redis://example.invalid:6380/2")
+    with redis_under_test() as (url, label):
+        assert (url, label) == ("redis://example.invalid:6380/2", "CTXSTORE_REDIS_URL")
+
+
+async def test_remove_keys_removes_the_prefix_and_its_arq_keys_and_nothing_else(
+    redis_url: str,
+) -> None:
+    """Keys under the prefix and arq's keys naming it go (counted); a neighbour's stay."""
+    prefix = f"{RUN_PREFIX}-rk{uuid.uuid4().hex[:6]}"
+    neighbour = f"{RUN_PREFIX}-keep{uuid.uuid4().hex[:6]}"  # the run's teardown removes it
+    client = Redis.from_url(redis_url)
+    try:
+        mine = [f"{prefix}:{{t:s}}:log{i}" for i in range(1_203)]  # more than two batches
+        mine += [f"{prefix}:summaries", f"arq:job:{prefix}:sum:t:s:1", f"arq:result:{prefix}:x"]
+        await client.mset(dict.fromkeys([*mine, neighbour], b"1"))
+        assert await remove_keys(client, prefix) == len(mine)
+        assert await client.exists(*mine) == 0
+        assert await client.exists(neighbour) == 1
+        assert await remove_keys(redis_url, prefix) == 0  # by URL too; nothing left
+    finally:
+        await client.delete(neighbour)
+        await client.aclose()
+
+
+def test_stop_processes_stops_running_children_and_skips_unstarted_ones() -> None:
+    """A running child is stopped and reaped; one never started is left alone; twice is fine."""
+    spawn = multiprocessing.get_context("spawn")
+    running = spawn.Process(target=time.sleep, args=(600,))
+    unstarted = spawn.Process(target=time.sleep, args=(600,))
+    running.start()
+    try:
+        stop_processes([running, unstarted], timeout=10)
+        assert running.exitcode is not None and running.exitcode < 0  # killed by a signal
+        assert unstarted.pid is None
+        stop_processes([running, unstarted])
+    finally:
+        if running.is_alive():
+            running.kill()
+            running.join()
 
 
 @contextmanager

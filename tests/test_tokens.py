@@ -52,3 +52,22 @@ def test_safety_factor_by_family() -> None:
     assert safety_factor(factors, "models/GEMINI-2.5") == 1.2
     assert safety_factor(factors, "gpt-4o") == 1.0
     assert safety_factor(factors, None) == 1.0
+
+
+def test_images_inside_a_tool_result_are_estimated_like_top_level_ones() -> None:
+    """An image in a tool_result's content list costs the per-image estimate, not ~0."""
+    counter = WordCounter()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}
+    text = {"type": "text", "text": "two words"}
+
+    def result(*blocks: dict[str, object]) -> dict[str, object]:
+        return {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "c", "content": list(blocks)}],
+        }
+
+    without = count_message(counter, result(text))
+    assert count_message(counter, result(text, image)) == without + IMAGE_TOKENS
+    assert count_message(counter, result(image, text, image)) == without + 2 * IMAGE_TOKENS
+    top = {"role": "user", "content": [image]}
+    assert count_message(counter, result(image)) >= count_message(counter, top) - PART_OVERHEAD

@@ -14,19 +14,18 @@ import os
 import signal
 import sys
 import time
-import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import procs
 import pytest
-from arq import Worker
 from arq.constants import in_progress_key_prefix
 from arq.jobs import Job, JobResult, JobStatus
 from conftest import SUMMARY_KEEP as KEEP
 from conftest import SUMMARY_TRIGGER as TRIGGER
+from helpers import append_until_due, turn
 from redis.asyncio import Redis
+from servers import close_worker, run_burst
 
 import workers.worker
 from ctxstore import (
@@ -44,16 +43,10 @@ SPAWN = multiprocessing.get_context("spawn")
 CTXSTORE = str(Path(sys.executable).with_name("ctxstore"))
 
 TURN_TOKENS = 38
+"""Tokens in each ``helpers.turn``."""
 SYSTEM = {"role": "system", "content": "You are a careful agent."}
-
-
-def turn(i: int) -> dict[str, Any]:
-    """Turn ``i`` of a plain conversation (38 cl100k tokens, no tool calls)."""
-    role = "user" if i % 2 == 0 else "assistant"
-    return {
-        "role": role,
-        "content": f"turn {i}: " + "the quick brown fox jumps over the lazy dog " * 3,
-    }
+KEPT = 60
+"""Seconds arq keeps a job's result, where a test reads it (``result_of``)."""
 
 
 @pytest.fixture
@@ -75,38 +68,6 @@ async def queue(wsettings: Settings) -> AsyncIterator[SummaryQueue]:
     queue = await SummaryQueue.connect(wsettings)
     yield queue
     await queue.aclose()
-
-
-async def close_worker(worker: Worker) -> None:
-    """Close an arq worker (its shutdown closes the store and queue too).
-
-    arq 0.28's ``Worker.close`` calls redis-py 5's deprecated ``close()`` on its
-    pool; that one warning, from that one call, is not ours to fix.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r"Call to deprecated close\.", category=DeprecationWarning
-        )
-        await worker.close()
-
-
-async def run_burst(settings: Settings, summarizer: Any, **options: Any) -> Worker:
-    """Run a burst worker until its queue is empty (results kept, to read), then close it."""
-    options.setdefault("keep_result", 60)
-    worker = build_worker(settings, summarizer=summarizer, burst=True, **options)
-    try:
-        await worker.main()
-    finally:
-        await close_worker(worker)
-    return worker
-
-
-async def append_until_due(store: ContextStore, session: str, start: int = 0) -> int:
-    """Append turns from ``start`` until one raises the summary flag; return the next turn."""
-    for i in range(start, start + 100):
-        if (await store.append(session, turn(i))).summary_due:
-            return i + 1
-    raise AssertionError("no append raised the summary flag")
 
 
 async def result_of(queue: SummaryQueue, tenant: str, session: str, gen: int) -> JobResult:
@@ -226,7 +187,7 @@ async def test_crossing_the_trigger_queues_one_job_and_a_burst_worker_commits_it
     cut, covers = await expected_cover(store, "s")
 
     fake = FakeSummarizer()
-    worker = await asyncio.wait_for(run_burst(store.settings, fake), 30)
+    worker = await asyncio.wait_for(run_burst(store.settings, fake, keep_result=KEPT), 30)
 
     assert (worker.jobs_complete, worker.jobs_failed, worker.jobs_retried) == (1, 0, 0)
     result = await result_of(queue, tenant, "s", gen)
@@ -301,7 +262,7 @@ async def test_a_replace_during_the_job_refuses_its_commit(
     gen = (await store.info("s")).summary_generation
     gate = asyncio.Event()
     fake = FakeSummarizer(gate=gate)
-    running = asyncio.create_task(run_burst(store.settings, fake))
+    running = asyncio.create_task(run_burst(store.settings, fake, keep_result=KEPT))
     try:
         await asyncio.wait_for(fake.started.wait(), 10)
         new_history = [SYSTEM, *(turn(i) for i in range(100, 112))]
@@ -370,7 +331,7 @@ async def test_a_job_whose_worker_was_killed_is_run_again_and_commits(
     fake = FakeSummarizer()
     async with asyncio.timeout(40):
         while (await store.info("s")).summary_runs < 1:
-            await run_burst(store.settings, fake)
+            await run_burst(store.settings, fake, keep_result=KEPT)
 
     assert not await raw_redis.exists(in_progress)
     result = await result_of(queue, tenant, "s", gen)
@@ -404,7 +365,8 @@ async def test_two_workers_on_one_session_commit_once_per_coverage_point(
     gate = asyncio.Event()
     fake = FakeSummarizer(gate=gate)
     pair = [
-        build_worker(store.settings, summarizer=fake, burst=True, keep_result=60) for _ in range(2)
+        build_worker(store.settings, summarizer=fake, burst=True, keep_result=KEPT)
+        for _ in range(2)
     ]
     running = asyncio.gather(*(w.main() for w in pair))
     try:
@@ -453,7 +415,7 @@ async def test_a_summarizer_that_fails_for_good_fails_the_job_and_views_truncate
     gen = (await store.info("s")).summary_generation
     fake = FakeSummarizer(fail=[SummarizerError("boom: bad request")] * 3)
 
-    worker = await asyncio.wait_for(run_burst(store.settings, fake), 30)
+    worker = await asyncio.wait_for(run_burst(store.settings, fake, keep_result=KEPT), 30)
 
     assert (worker.jobs_complete, worker.jobs_failed, worker.jobs_retried) == (0, 1, 0)
     assert len(fake.calls) == 1
@@ -487,7 +449,7 @@ async def test_an_unavailable_summarizer_is_retried_until_it_commits(
     _, covers = await expected_cover(store, "s")
     fake = FakeSummarizer(fail=[SummarizerUnavailableError("529 overloaded")] * 2)
 
-    worker = await asyncio.wait_for(run_burst(store.settings, fake), 30)
+    worker = await asyncio.wait_for(run_burst(store.settings, fake, keep_result=KEPT), 30)
 
     assert (worker.jobs_complete, worker.jobs_failed, worker.jobs_retried) == (1, 0, 2)
     assert len(fake.calls) == 3

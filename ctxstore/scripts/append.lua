@@ -69,19 +69,14 @@ if fresh > 0 then
       new_tokens = new_tokens + tonumber(ARGV[base + 2])
     end
   end
-  local max_bytes, max_tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
-  if max_bytes > 0 and bytes + new_bytes > max_bytes then
-    return {'quota', 'session_bytes', tostring(max_bytes), tostring(bytes + new_bytes)}
-  end
-  if max_tokens > 0 and tokens + new_tokens > max_tokens then
-    return {'quota', 'session_tokens', tostring(max_tokens), tostring(tokens + new_tokens)}
-  end
+  local refusal = size_refusal(bytes + new_bytes, tokens + new_tokens,
+                               tonumber(ARGV[7]), tonumber(ARGV[8]))
+  if refusal then return refusal end
   local rate = tonumber(ARGV[9])
   if rate > 0 then
     -- A token bucket in the session's meta: refilled at `rate` per second up to `burst`.
     local burst = tonumber(ARGV[10])
-    local t = redis.call('TIME')
-    rate_at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    rate_at = now_ms('')
     local last = tonumber(meta[14]) or rate_at
     rate_tokens = math.min(burst, (tonumber(meta[13]) or burst) + (rate_at - last) * rate / 1000)
     if rate_tokens < fresh then
@@ -109,16 +104,9 @@ for i = 1, n do
     table.insert(out, tonumber(e))
     table.insert(out, 1)
   else
-    local data, t, kind = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 4]
-    local calls, results, preview = ARGV[base + 5], ARGV[base + 6], ARGV[base + 7]
-    local fields = {'m', data, 't', t}
-    if calls ~= '' then table.insert(fields, 'c') table.insert(fields, calls) end
-    if results ~= '' then table.insert(fields, 'r') table.insert(fields, results) end
-    if preview ~= '' then
-      table.insert(fields, 'v') table.insert(fields, preview)
-      table.insert(fields, 'vt') table.insert(fields, ARGV[base + 8])
-    end
-    local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
+    local t = tonumber(ARGV[base + 2])
+    local id = add_entry(KEYS[1], KEYS[5], ARGV[base + 1], t, ARGV[base + 4], ARGV[base + 5],
+                         ARGV[base + 6], ARGV[base + 7], ARGV[base + 8])
     seq = seq + 1
     count = count + 1
     tokens = tokens + t
@@ -139,9 +127,6 @@ for i = 1, n do
     end
     redis.call('HSET', KEYS[3], ARGV[base + 3], id .. ' ' .. seq .. ' ' .. epoch)
     idem_n = idem_n + 1
-    if kind ~= '' then
-      redis.call('HSET', KEYS[5], id, kind .. '\30' .. t .. '\30' .. calls .. '\30' .. results .. '\30' .. data)
-    end
     table.insert(out, id)
     table.insert(out, seq)
     table.insert(out, epoch)

@@ -15,11 +15,7 @@
 -- then refused, which is what a replace or clear wants.
 --
 -- Returns {1, fence, expires} or {0, holder kind, holder expires}
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local now = now_ms(ARGV[3])
 local cur = redis.call('HMGET', KEYS[1], 'token', 'expires', 'kind')
 if cur[1] and cur[1] ~= ARGV[1] and tonumber(cur[2]) > now then
   if ARGV[5] == '' or cur[3] ~= ARGV[5] then

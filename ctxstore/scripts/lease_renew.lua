@@ -8,15 +8,8 @@
 -- extend the new holder's lease: compare token and fence, then extend.
 --
 -- Returns {1, expires} or {0}
-local now = tonumber(ARGV[4])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local cur = redis.call('HMGET', KEYS[1], 'token', 'fence', 'expires')
-if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= now then
-  return {0}
-end
+local now = now_ms(ARGV[4])
+if not lease_held(KEYS[1], ARGV[1], ARGV[2], now) then return {0} end
 local ttl = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'expires', now + ttl)
 redis.call('PEXPIRE', KEYS[1], ttl)

@@ -16,8 +16,7 @@ if held and string.sub(held, 1, 1) == 's' then return 1 end
 if ARGV[2] == '1' then
   local f = {}
   for j = 1, #found[2], 2 do f[found[2][j]] = found[2][j + 1] end
-  redis.call('HSET', KEYS[2], ARGV[1],
-             'p\30' .. f['t'] .. '\30' .. (f['c'] or '') .. '\30' .. (f['r'] or '') .. '\30' .. f['m'])
+  redis.call('HSET', KEYS[2], ARGV[1], keep_value('p', f['t'], f['c'] or '', f['r'] or '', f['m']))
   local ttl = redis.call('PTTL', KEYS[3])
   if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 else

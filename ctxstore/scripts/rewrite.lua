@@ -35,13 +35,7 @@ if meta[5] == ARGV[1] then
   return out
 end
 
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local lease = redis.call('HMGET', KEYS[5], 'token', 'fence', 'expires')
-if lease[1] ~= ARGV[1] or lease[2] ~= ARGV[2] or tonumber(lease[3]) <= now then
+if not lease_held(KEYS[5], ARGV[1], ARGV[2], now_ms(ARGV[3])) then
   return {'lease_lost'}
 end
 local seq = tonumber(meta[2]) or 0
@@ -56,12 +50,8 @@ for i = 1, n do
   new_bytes = new_bytes + #ARGV[base + 1]
   new_tokens = new_tokens + tonumber(ARGV[base + 2])
 end
-if tonumber(ARGV[7]) > 0 and new_bytes > tonumber(ARGV[7]) then
-  return {'quota', 'session_bytes', ARGV[7], tostring(new_bytes)}
-end
-if tonumber(ARGV[8]) > 0 and new_tokens > tonumber(ARGV[8]) then
-  return {'quota', 'session_tokens', ARGV[8], tostring(new_tokens)}
-end
+local refusal = size_refusal(new_bytes, new_tokens, tonumber(ARGV[7]), tonumber(ARGV[8]))
+if refusal then return refusal end
 
 local superseded = tonumber(meta[3]) or 0
 local epoch = (tonumber(meta[1]) or 0) + 1
@@ -72,19 +62,9 @@ local tokens = 0
 local first_id, last_id = '', ''
 for i = 1, n do
   local base = FIRST + (i - 1) * PER
-  local data, t, kind = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3]
-  local calls, results, preview = ARGV[base + 4], ARGV[base + 5], ARGV[base + 6]
-  local fields = {'m', data, 't', t}
-  if calls ~= '' then table.insert(fields, 'c') table.insert(fields, calls) end
-  if results ~= '' then table.insert(fields, 'r') table.insert(fields, results) end
-  if preview ~= '' then
-    table.insert(fields, 'v') table.insert(fields, preview)
-    table.insert(fields, 'vt') table.insert(fields, ARGV[base + 7])
-  end
-  local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
-  if kind ~= '' then
-    redis.call('HSET', KEYS[3], id, kind .. '\30' .. t .. '\30' .. calls .. '\30' .. results .. '\30' .. data)
-  end
+  local t = tonumber(ARGV[base + 2])
+  local id = add_entry(KEYS[1], KEYS[3], ARGV[base + 1], t, ARGV[base + 3], ARGV[base + 4],
+                       ARGV[base + 5], ARGV[base + 6], ARGV[base + 7])
   if i == 1 then first_id = id end
   last_id = id
   tokens = tokens + t

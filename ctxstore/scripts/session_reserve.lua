@@ -4,17 +4,15 @@
 -- ARGV[1] session id
 -- ARGV[2] now, ms (the score)
 -- ARGV[3] the most sessions the tenant may have (0: no limit)
--- ARGV[4] sessions idle since before this time (ms) have expired: forget them first (0: none)
 --
 -- Race it closes: count-then-add in one step, so concurrent first writes of
 -- new sessions cannot take the tenant past its quota. The tenant's keys share
 -- one slot, so this runs beside (not inside) the session's own scripts; the
--- SDK runs it before the first write of a session it has not seen.
+-- SDK runs it before the first write of a session it has not seen. Sessions
+-- that expired are not counted once the SDK has pruned them (it checks their
+-- keys, which live in other slots, then runs index_prune) and asked again.
 --
 -- Returns {1} or {0, the number of sessions}.
-if tonumber(ARGV[4]) > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
-end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
   return {1}

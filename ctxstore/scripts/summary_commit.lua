@@ -22,23 +22,23 @@
 -- a stale summary never replaces the history it did not read. The raw stream
 -- is never touched. Appends that came during the job stay past the new
 -- watermark; if they make another summary due, the flag stays up and the
--- next generation is returned for the caller to queue.
+-- next generation is returned for the caller to queue. A retry of a commit
+-- that was applied before its reply was lost (the watermark is already the
+-- one it sets, under the same lease) is answered again, not called stale.
 --
 -- Returns {'ok', next generation or 0}, {'lease_lost'}, or {'stale', why}
-local now = tonumber(ARGV[4])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local lease = redis.call('HMGET', KEYS[3], 'token', 'fence', 'expires')
-if lease[1] ~= ARGV[2] or lease[2] ~= ARGV[3] or tonumber(lease[3]) <= now then
-  return {'lease_lost'}
-end
-local meta = redis.call('HMGET', KEYS[1], 'epoch', 'wm', 'tokens', 'wm_tokens')
+local mode = ARGV[1]
+local now = now_ms(ARGV[4])
+if not lease_held(KEYS[3], ARGV[2], ARGV[3], now) then return {'lease_lost'} end
+local meta = redis.call('HMGET', KEYS[1], 'epoch', 'wm', 'tokens', 'wm_tokens', 'sq', 'sgen')
 if (meta[1] or '0') ~= ARGV[5] then return {'stale', 'epoch'} end
+if mode == 'commit' and meta[2] == ARGV[9] and ARGV[9] ~= ARGV[6] then
+  -- Only this lease's holder commits, and a watermark only moves forward.
+  if meta[5] == '1' then return {'ok', tonumber(meta[6]) or 0} end
+  return {'ok', 0}
+end
 if (meta[2] or '') ~= ARGV[6] then return {'stale', 'watermark'} end
 
-local mode = ARGV[1]
 local wm_tokens = tonumber(meta[4]) or 0
 redis.call('HSET', KEYS[1], 'sum_at', now, 'sum_ms', ARGV[8], 'sum_outcome', mode)
 if mode == 'commit' then

@@ -10,11 +10,7 @@
 -- generation to queue, and a generation is never reused (job ids stay unique).
 --
 -- Returns the generation to queue, or 0 if a job is already flagged.
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local now = now_ms(ARGV[1])
 if redis.call('HGET', KEYS[1], 'sq') == '1' and ARGV[2] ~= '1' then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 -- A generation is a time, strictly increasing: job ids are never reused.
