@@ -5,8 +5,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# A pod's environment: the SDK without the worker extra (no arq, no anthropic, no
+# hiredis), with the newest redis-py and the frameworks it plugs into.
+SDK_VENV := .venv-sdk
+SDK_BIN := $(SDK_VENV)/bin
+SDK_STAMP := $(SDK_VENV)/.installed
 
-.PHONY: install test lint typecheck check bench stress soak demo worker load clean
+.PHONY: install test lint typecheck check bench eval stress soak demo worker load clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,10 +19,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+$(SDK_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(SDK_VENV)
+	$(SDK_BIN)/pip install --quiet --upgrade pip
+	$(SDK_BIN)/pip install --quiet -e ".[test,openai-agents,langchain]" "openai-agents[redis]"
+	$(SDK_BIN)/pip uninstall --quiet --yes hiredis
+	touch $(SDK_STAMP)
 
-test: $(STAMP)
+install: $(STAMP) $(SDK_STAMP)
+
+# The whole suite in the worker environment, then again in a pod's (tests that need
+# the worker extra skip themselves there).
+test: $(STAMP) $(SDK_STAMP)
 	$(BIN)/pytest -q
+	$(SDK_BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -30,6 +45,9 @@ check: lint typecheck test
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.bench
+
+eval: $(STAMP)
+	$(BIN)/python -m bench.eval
 
 stress: $(STAMP)
 	$(BIN)/python -m bench.stress
@@ -45,4 +63,4 @@ demo: $(STAMP)
 	$(BIN)/python -m ctxstore.demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SDK_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -95,6 +95,7 @@ from redis.exceptions import RedisError
 from redis.utils import HIREDIS_AVAILABLE
 
 from ctxstore import ContextStore, Keyring, LocalSummarizer, Settings
+from ctxstore.embedded import start_server, stop_server
 from ctxstore.testing import free_port, pings, redis_under_test, remove_keys
 
 RESULTS = Path(__file__).parent / "results" / "latest.json"
@@ -1275,27 +1276,15 @@ def private_redis(conf: Path) -> Iterator[tuple[str | None, str]]:
             )
             + "\n"
         )
-        process = subprocess.Popen(
-            [binary, str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        process = start_server(
+            [binary, str(path)], answers=lambda: pings(port), log=Path(directory, "redis.log")
         )
         try:
-            deadline = time.monotonic() + 10
-            while not pings(port):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log = Path(directory, "redis.log")
-                    tail = log.read_text()[-500:] if log.exists() else ""
-                    raise RuntimeError(f"the private redis-server did not start: {tail}")
-                time.sleep(0.05)
             note = f"private redis-server {found[0][2:]} with {conf.parent.name}/{conf.name}, "
             note += ", ".join(changed)
             yield f"redis://127.0.0.1:{port}/0", note
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_server(process)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,52 +3,133 @@
 Agent pods append each session's messages to a Redis Stream (lock-free,
 idempotent), and before every model call read a budgeted, tool-safe view in
 one round trip. See the README for the tour.
+
+The names below are imported on first use (PEP 562): ``import ctxstore`` costs
+little, and ``ctxstore --help`` answers at once.
 """
 
-from ctxstore.amplifier import StoreContextManager
-from ctxstore.budget import Budget, resolve_budget
-from ctxstore.embedded import EmbeddedRedis
-from ctxstore.encryption import Keyring
-from ctxstore.errors import (
-    BudgetExceededError,
-    ConfigurationError,
-    ConflictError,
-    CorruptEntryError,
-    CtxstoreError,
-    DecryptionError,
-    InvalidIdError,
-    InvalidInputError,
-    InvalidMessageError,
-    LeaseError,
-    LeaseHeldError,
-    LeaseLostError,
-    MessageTooLargeError,
-    QuotaExceededError,
-    ReplicationError,
-    SessionNotFoundError,
-    StoreError,
-    StoreUnavailableError,
-    SummarizerError,
-    SummarizerUnavailableError,
-)
-from ctxstore.lease import Clock, Lease
-from ctxstore.models import (
-    AppendResult,
-    HistoryPage,
-    Message,
-    RequestView,
-    SessionInfo,
-    SessionSummary,
-    StoredMessage,
-    SummaryOutcome,
-    TenantLimits,
-    ViewStats,
-    WriteResult,
-)
-from ctxstore.settings import Settings
-from ctxstore.store import ContextStore
-from ctxstore.summarizers import AnthropicSummarizer, LocalSummarizer, Summarizer
-from ctxstore.tokens import TiktokenCounter, TokenCounter, count_message
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ctxstore.amplifier import StoreContextManager
+    from ctxstore.budget import (
+        Budget,
+        resolve_budget,
+    )
+    from ctxstore.embedded import EmbeddedRedis
+    from ctxstore.encryption import Keyring
+    from ctxstore.errors import (
+        BudgetExceededError,
+        ConfigurationError,
+        ConflictError,
+        CorruptEntryError,
+        CtxstoreError,
+        DecryptionError,
+        EpochChangedError,
+        ForgetIncompleteError,
+        InvalidIdError,
+        InvalidInputError,
+        InvalidMessageError,
+        LeaseError,
+        LeaseHeldError,
+        LeaseLostError,
+        MessageTooLargeError,
+        PermissionDeniedError,
+        QuotaExceededError,
+        ReplicationError,
+        SessionNotFoundError,
+        StoreError,
+        StoreUnavailableError,
+        SummarizerError,
+        SummarizerUnavailableError,
+    )
+    from ctxstore.lease import (
+        Clock,
+        Lease,
+    )
+    from ctxstore.models import (
+        AppendResult,
+        HistoryPage,
+        Message,
+        RequestView,
+        SessionInfo,
+        SessionSummary,
+        StoredMessage,
+        SummaryOutcome,
+        SummaryStatus,
+        TenantLimits,
+        ViewStats,
+        WriteResult,
+    )
+    from ctxstore.settings import Settings
+    from ctxstore.store import ContextStore
+    from ctxstore.summarizers import (
+        AnthropicSummarizer,
+        LocalSummarizer,
+        Summarizer,
+    )
+    from ctxstore.tokens import (
+        TiktokenCounter,
+        TokenCounter,
+        count_message,
+    )
+
+_EXPORTS = {
+    "AnthropicSummarizer": "ctxstore.summarizers",
+    "AppendResult": "ctxstore.models",
+    "Budget": "ctxstore.budget",
+    "BudgetExceededError": "ctxstore.errors",
+    "Clock": "ctxstore.lease",
+    "ConfigurationError": "ctxstore.errors",
+    "ConflictError": "ctxstore.errors",
+    "ContextStore": "ctxstore.store",
+    "CorruptEntryError": "ctxstore.errors",
+    "CtxstoreError": "ctxstore.errors",
+    "DecryptionError": "ctxstore.errors",
+    "EmbeddedRedis": "ctxstore.embedded",
+    "EpochChangedError": "ctxstore.errors",
+    "ForgetIncompleteError": "ctxstore.errors",
+    "HistoryPage": "ctxstore.models",
+    "InvalidIdError": "ctxstore.errors",
+    "InvalidInputError": "ctxstore.errors",
+    "InvalidMessageError": "ctxstore.errors",
+    "Keyring": "ctxstore.encryption",
+    "Lease": "ctxstore.lease",
+    "LeaseError": "ctxstore.errors",
+    "LeaseHeldError": "ctxstore.errors",
+    "LeaseLostError": "ctxstore.errors",
+    "LocalSummarizer": "ctxstore.summarizers",
+    "Message": "ctxstore.models",
+    "MessageTooLargeError": "ctxstore.errors",
+    "PermissionDeniedError": "ctxstore.errors",
+    "QuotaExceededError": "ctxstore.errors",
+    "ReplicationError": "ctxstore.errors",
+    "RequestView": "ctxstore.models",
+    "SessionInfo": "ctxstore.models",
+    "SessionNotFoundError": "ctxstore.errors",
+    "SessionSummary": "ctxstore.models",
+    "Settings": "ctxstore.settings",
+    "StoreContextManager": "ctxstore.amplifier",
+    "StoreError": "ctxstore.errors",
+    "StoreUnavailableError": "ctxstore.errors",
+    "StoredMessage": "ctxstore.models",
+    "Summarizer": "ctxstore.summarizers",
+    "SummarizerError": "ctxstore.errors",
+    "SummarizerUnavailableError": "ctxstore.errors",
+    "SummaryOutcome": "ctxstore.models",
+    "SummaryStatus": "ctxstore.models",
+    "TenantLimits": "ctxstore.models",
+    "TiktokenCounter": "ctxstore.tokens",
+    "TokenCounter": "ctxstore.tokens",
+    "ViewStats": "ctxstore.models",
+    "WriteResult": "ctxstore.models",
+    "count_message": "ctxstore.tokens",
+    "resolve_budget": "ctxstore.budget",
+}
+"""Each public name, and the module it lives in."""
 
 __all__ = [
     "AnthropicSummarizer",
@@ -63,6 +144,8 @@ __all__ = [
     "CtxstoreError",
     "DecryptionError",
     "EmbeddedRedis",
+    "EpochChangedError",
+    "ForgetIncompleteError",
     "HistoryPage",
     "InvalidIdError",
     "InvalidInputError",
@@ -75,6 +158,7 @@ __all__ = [
     "LocalSummarizer",
     "Message",
     "MessageTooLargeError",
+    "PermissionDeniedError",
     "QuotaExceededError",
     "ReplicationError",
     "RequestView",
@@ -90,6 +174,7 @@ __all__ = [
     "SummarizerError",
     "SummarizerUnavailableError",
     "SummaryOutcome",
+    "SummaryStatus",
     "TenantLimits",
     "TiktokenCounter",
     "TokenCounter",
@@ -98,3 +183,17 @@ __all__ = [
     "count_message",
     "resolve_budget",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ctxstore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -18,32 +18,42 @@ so the same code runs on one Redis and on Redis Cluster.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
-import hiredis
 from redis import exceptions as rex
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as rconn
 
-from ctxstore._scripts import Script
+from ctxstore._scripts import LIBRARY_NAME, Script, library
 from ctxstore.errors import (
+    ConfigurationError,
+    CtxstoreError,
     InvalidInputError,
+    PermissionDeniedError,
     ReplicationError,
     StoreError,
     StoreUnavailableError,
 )
 from ctxstore.settings import Settings
 
-__all__ = ["Connection", "make_client"]
+hiredis: Any
+try:
+    import hiredis
+except ImportError:  # redis-py runs without it, and so does ctxstore (packing is slower)
+    hiredis = None
+
+__all__ = ["Connection", "make_client", "translate"]
 
 log = logging.getLogger("ctxstore")
 
 T = TypeVar("T")
 
-TRANSIENT: tuple[type[BaseException], ...] = (
+TRANSIENT: tuple[type[Exception], ...] = (
     rex.ConnectionError,  # includes BusyLoadingError (a restarted server loading its AOF)
     rex.TimeoutError,
     rex.TryAgainError,
@@ -83,11 +93,29 @@ class _UnixConnection(_HiredisPacking, rconn.UnixDomainSocketConnection):
     pass
 
 
-_FAST = {
-    rconn.Connection: _TcpConnection,
-    rconn.SSLConnection: _SslConnection,
-    rconn.UnixDomainSocketConnection: _UnixConnection,
-}
+_FAST: dict[type[Any], type[Any]] = (
+    {
+        rconn.Connection: _TcpConnection,
+        rconn.SSLConnection: _SslConnection,
+        rconn.UnixDomainSocketConnection: _UnixConnection,
+    }
+    if hiredis is not None
+    else {}
+)
+
+_NAMED = inspect.signature(rconn.ConnectionPool.get_connection).parameters.get("command_name")
+_POOL_WANTS_A_NAME = _NAMED is not None and _NAMED.default is inspect.Parameter.empty
+"""redis-py 5.0-5.2 require a command name to hand out a connection; 5.3+ deprecate it."""
+
+
+def _pack(conn: Any, commands: Sequence[tuple[Any, ...]]) -> bytes | list[bytes]:
+    """The commands as one RESP buffer (hiredis when installed, else redis-py's packer)."""
+    if hiredis is not None:
+        return b"".join(hiredis.pack_command(tuple(c)) for c in commands)
+    return cast(list[bytes], conn.pack_commands(commands))
+
+
+_CLUSTER_OPTIONS = frozenset(inspect.signature(RedisCluster.__init__).parameters)
 
 
 def make_client(url: str, settings: Settings) -> Any:
@@ -97,26 +125,89 @@ def make_client(url: str, settings: Settings) -> Any:
     timeouts (they cost a task per send): :class:`Connection` bounds each
     call with one deadline, retries, and translates the final error.
     """
+    # The same wire protocol and socket policy whatever redis-py's defaults are
+    # (redis-py 8 defaults to RESP3 and 5 s socket timeouts): replies are parsed
+    # here, and Connection bounds every call itself.
+    common: dict[str, Any] = {
+        "socket_connect_timeout": settings.connect_timeout,
+        "socket_timeout": None,
+        "protocol": 2,
+    }
     if settings.redis_cluster:
-        return RedisCluster.from_url(
-            url,
-            socket_connect_timeout=settings.connect_timeout,
-            connection_error_retry_attempts=0,
-            cluster_error_retry_attempts=1,
-        )
-    client: Redis = Redis.from_url(
-        url,
-        socket_connect_timeout=settings.connect_timeout,
-        retry_on_timeout=False,
-        health_check_interval=30,
-    )
+        if "connection_error_retry_attempts" in _CLUSTER_OPTIONS:  # redis-py 5
+            options = dict(
+                common, connection_error_retry_attempts=0, cluster_error_retry_attempts=1
+            )
+        else:  # redis-py 6+: one Retry object, deprecating the counts
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+
+            options = dict(common, retry=Retry(NoBackoff(), 1))
+        return RedisCluster.from_url(url, **options)
+    client: Redis = Redis.from_url(url, retry_on_timeout=False, health_check_interval=30, **common)
     pool = client.connection_pool
     pool.connection_class = _FAST.get(pool.connection_class, pool.connection_class)
     return client
 
 
+class _Topology:
+    """A cluster client's topology refresh state, shared by every tenant's connection.
+
+    redis-py's refresh is not safe to run concurrently: one lock per client.
+    """
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.read_at = float("-inf")
+
+
+_QUOTED_COMMAND = re.compile(r"Command # (\d+) \(.*\) of pipeline caused error: ", re.DOTALL)
+
+
+def _scrub(message: str) -> str:
+    """An error's text without the command redis-py quotes (its arguments hold messages)."""
+    return _QUOTED_COMMAND.sub(r"Command # \1 of pipeline caused error: ", message)
+
+
+def translate(
+    exc: Exception,
+    *,
+    tenant: str | None = None,
+    session: str | None = None,
+    key: str | None = None,
+    attempts: int = 1,
+    label: str = "Redis",
+) -> CtxstoreError:
+    """The ctxstore error for a redis-py (or socket) error: the one error map.
+
+    Args:
+        exc: What redis-py raised.
+        tenant: The tenant the call was for.
+        session: The session, when there is one.
+        key: The key, when there is one.
+        attempts: How many times the call was tried.
+        label: What the Redis is, in messages ("the summary queue's Redis").
+    """
+    where = {"tenant": tenant, "session": session, "key": key}
+    exc_text = _scrub(str(exc))
+    if isinstance(exc, rex.NoPermissionError) or (
+        isinstance(exc, rex.ResponseError) and str(exc).startswith("NOPERM")
+    ):
+        return PermissionDeniedError(f"the {label} user may not do this: {exc_text}", **where)
+    if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
+        return PermissionDeniedError(f"{label} refused the credentials: {exc_text}", **where)
+    if isinstance(exc, TRANSIENT):
+        return StoreUnavailableError(
+            f"{label} unavailable after {attempts} attempts: {exc_text}", **where
+        )
+    return StoreError(f"{label} refused the call: {exc_text}", **where)
+
+
 class Connection:
     """A Redis client with ctxstore's retry and error policy.
+
+    One per process and Redis: :meth:`for_tenant` gives each tenant's store
+    the same client and topology state, with the tenant named in its errors.
 
     Args:
         client: The redis-py client (standalone or cluster).
@@ -124,13 +215,32 @@ class Connection:
         tenant: The tenant this connection works for, for error messages.
     """
 
-    def __init__(self, client: Any, settings: Settings, tenant: str) -> None:
+    def __init__(
+        self,
+        client: Any,
+        settings: Settings,
+        tenant: str | None = None,
+        *,
+        topology: _Topology | None = None,
+        label: str = "Redis",
+    ) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
         self._settings = settings
         self._tenant = tenant
-        self._topology_lock = asyncio.Lock()
-        self._topology_read_at = float("-inf")
+        self._topology = topology or _Topology()
+        self._label = label
+
+    @property
+    def settings(self) -> Settings:
+        """The settings it was made with."""
+        return self._settings
+
+    def for_tenant(self, tenant: str) -> Connection:
+        """The same client and topology state, naming ``tenant`` in errors."""
+        return Connection(
+            self.client, self._settings, tenant, topology=self._topology, label=self._label
+        )
 
     async def call(
         self,
@@ -143,7 +253,8 @@ class Connection:
 
         Raises:
             StoreUnavailableError: Redis could not be reached after every retry.
-            StoreError: Redis answered with an error.
+            PermissionDeniedError: The Redis user may not do this.
+            StoreError: Redis answered with another error.
         """
         attempt = 0
         deadline = self._settings.operation_timeout
@@ -151,14 +262,21 @@ class Connection:
             try:
                 async with asyncio.timeout(deadline):
                     return await op()
+            except (rex.AuthenticationError, rex.AuthorizationError) as exc:
+                # A wrong password is not transient: say so at once, not after retries.
+                raise translate(
+                    exc, tenant=self._tenant, session=session, key=key, label=self._label
+                ) from exc
             except TRANSIENT as exc:
                 attempt += 1
                 if attempt > self._settings.retry_attempts:
-                    raise StoreUnavailableError(
-                        f"Redis unavailable after {attempt} attempts: {exc}",
+                    raise translate(
+                        exc,
                         tenant=self._tenant,
                         session=session,
                         key=key,
+                        attempts=attempt,
+                        label=self._label,
                     ) from exc
                 delay = random.uniform(
                     0,
@@ -172,8 +290,8 @@ class Connection:
                 if self.cluster and isinstance(exc, _TOPOLOGY):
                     await self._refresh_topology()
             except rex.RedisError as exc:
-                raise StoreError(
-                    f"Redis refused the call: {exc}", tenant=self._tenant, session=session, key=key
+                raise translate(
+                    exc, tenant=self._tenant, session=session, key=key, label=self._label
                 ) from exc
 
     async def node_call(
@@ -194,10 +312,9 @@ class Connection:
                     raise InvalidInputError(f"a number out of Redis's range in {command[0]}")
         if transaction:
             commands = [("MULTI",), *commands, ("EXEC",)]
-        packed = b"".join(hiredis.pack_command(tuple(c)) for c in commands)
         conn, release = await self._acquire(key)
         try:
-            await conn.send_packed_command(packed, check_health=False)
+            await conn.send_packed_command(_pack(conn, commands), check_health=False)
             replies: list[Any] = []
             for _ in commands:
                 try:
@@ -227,7 +344,8 @@ class Connection:
         """A connection to the node owning ``key``, and how to give it back."""
         if not self.cluster:
             pool = self.client.connection_pool
-            return await pool.get_connection(), pool.release
+            conn = await (pool.get_connection("_") if _POOL_WANTS_A_NAME else pool.get_connection())
+            return conn, pool.release
         client = cast(RedisCluster, self.client)
         if client._initialize:
             await client.initialize()
@@ -236,8 +354,13 @@ class Connection:
             raise rex.ConnectionError(f"no node serves the slot of {key}")
         conn = node.acquire_connection()
 
+        give_back = getattr(node, "release", None)
+
         async def release(used: Any) -> None:
-            node._free.append(used)  # ClusterNode's own release, inlined in redis-py 5
+            if give_back is not None:
+                give_back(used)
+            else:
+                node._free.append(used)  # redis-py 5 has no ClusterNode.release
 
         return conn, release
 
@@ -248,11 +371,11 @@ class Connection:
         and one for every task that failed while it ran.
         """
         started = asyncio.get_running_loop().time()
-        async with self._topology_lock:
-            if self._topology_read_at >= started:
+        async with self._topology.lock:
+            if self._topology.read_at >= started:
                 return  # another task read it while this one waited
             await self._read_topology()
-            self._topology_read_at = asyncio.get_running_loop().time()
+            self._topology.read_at = asyncio.get_running_loop().time()
 
     async def _read_topology(self) -> None:
         manager = cast(RedisCluster, self.client).nodes_manager
@@ -300,6 +423,7 @@ class Connection:
         *,
         session: str | None = None,
         replicas: int = 0,
+        refused: Callable[[Any], bool] | None = None,
     ) -> Any:
         """Run a Lua script (by SHA, falling back to EVAL) with retries.
 
@@ -311,24 +435,45 @@ class Connection:
             replicas: Wait until this many replicas have the script's writes
                 (``WAIT``, on the same connection), up to
                 ``Settings.replica_ack_timeout_ms``.
+            refused: Tells a reply that wrote nothing (a refusal), which no
+                replica needs to acknowledge.
 
         Raises:
             ReplicationError: Fewer replicas than asked acknowledged the write
                 in time (the write is on the primary: retrying is safe).
         """
         wait = ("WAIT", replicas, self._settings.replica_ack_timeout_ms) if replicas else None
+        functions = self._settings.script_mode == "functions"
 
         async def op() -> Any:
-            commands: list[tuple[Any, ...]] = [("EVALSHA", script.sha, len(keys), *keys, *args)]
+            commands: list[tuple[Any, ...]] = [
+                ("FCALL", script.function, len(keys), *keys, *args)
+                if functions
+                else ("EVALSHA", script.sha, len(keys), *keys, *args)
+            ]
             if wait:
                 commands.append(wait)
             replies = await self.node_call(keys[0], commands)
             if isinstance(replies[0], rex.NoScriptError):
                 commands[0] = ("EVAL", script.source, len(keys), *keys, *args)
                 replies = await self.node_call(keys[0], commands)
+            if (
+                functions
+                and isinstance(replies[0], rex.ResponseError)
+                and "function not found" in str(replies[0]).lower()
+            ):
+                raise ConfigurationError(
+                    f"the ctxstore functions ({LIBRARY_NAME}) are not loaded on this Redis: "
+                    "an operator runs `ctxstore functions load` (CTXSTORE_SCRIPT_MODE)"
+                )
             if isinstance(replies[0], Exception):
                 raise replies[0]
-            if wait and (isinstance(replies[1], Exception) or int(replies[1]) < replicas):
+            unwritten = refused is not None and refused(replies[0])
+            if (
+                wait
+                and not unwritten
+                and (isinstance(replies[1], Exception) or int(replies[1]) < replicas)
+            ):
                 raise ReplicationError(
                     f"{replies[1]} of {replicas} replicas acknowledged the write in time",
                     acknowledged=0 if isinstance(replies[1], Exception) else int(replies[1]),
@@ -351,6 +496,32 @@ class Connection:
             return cast(list[Any], await pipe.execute())
 
         return await self.call(op, session=session, key=key)
+
+    async def load_functions(self) -> list[str]:
+        """Load the scripts as a Functions library on every primary (an operator's call).
+
+        Returns:
+            The addresses of the nodes it was loaded on.
+
+        Raises:
+            PermissionDeniedError: This Redis user may not run ``FUNCTION LOAD``.
+        """
+        load = ("FUNCTION", "LOAD", "REPLACE", library())
+        if not self.cluster:
+            await self.call(lambda: self.client.execute_command(*load))
+            return ["the store's Redis"]
+        client = cast(RedisCluster, self.client)
+        if client._initialize:
+            await self.call(client.initialize)
+        loaded = []
+        for node in client.get_primaries():
+
+            async def on_node(node: Any = node) -> Any:
+                return await client.execute_command(*load, target_nodes=node)
+
+            await self.call(on_node)
+            loaded.append(f"{node.host}:{node.port}")
+        return loaded
 
     async def aclose(self) -> None:
         """Close the client's connections."""

@@ -73,6 +73,8 @@ class SessionKeys:
         idem: Hash: idempotency key -> entry id, the current generation.
         idem_old: The previous generation of ``idem``.
         keep: Hash: entry id -> kind of the messages every view must send.
+        anchor: Hash: where the view starts, per budget (and the summary it sends).
+        gone: String: a deleted session's tombstone (its next epoch and sequence).
     """
 
     log: str
@@ -82,10 +84,22 @@ class SessionKeys:
     idem: str
     idem_old: str
     keep: str
+    anchor: str
+    gone: str
 
     def all(self) -> tuple[str, ...]:
-        """Every key of the session, in a fixed order."""
-        return (self.log, self.meta, self.view, self.lease, self.idem, self.idem_old, self.keep)
+        """Every key of the session, in a fixed order (the tombstone last)."""
+        return (
+            self.log,
+            self.meta,
+            self.view,
+            self.lease,
+            self.idem,
+            self.idem_old,
+            self.keep,
+            self.anchor,
+            self.gone,
+        )
 
 
 @lru_cache(maxsize=4096)
@@ -100,12 +114,36 @@ def session_keys(prefix: str, tenant: str, session: str) -> SessionKeys:
         idem=base + "idem",
         idem_old=base + "idem:old",
         keep=base + "keep",
+        anchor=base + "anchor",
+        gone=base + "gone",
     )
 
 
 def tenant_sessions_key(prefix: str, tenant: str) -> str:
     """The sorted set of a tenant's sessions, scored by last activity (ms)."""
     return f"{prefix}:{{{tenant}}}:sessions"
+
+
+def tenant_pending_keys(prefix: str, tenant: str) -> tuple[str, str]:
+    """The tenant's pending reservations: a hash, and the same sessions by latest deadline.
+
+    The hash maps a session to its reservations' tokens and deadlines.
+    """
+    return f"{prefix}:{{{tenant}}}:pending", f"{prefix}:{{{tenant}}}:pending_due"
+
+
+def tenant_deleted_key(prefix: str, tenant: str) -> str:
+    """The sorted set of a tenant's deleted sessions, by when their last keys expire (ms).
+
+    A deleted session leaves a tombstone and its idempotency records for a
+    while; ``forget_tenant`` finds them here (they are no longer listed).
+    """
+    return f"{prefix}:{{{tenant}}}:deleted"
+
+
+def tenant_ratios_key(prefix: str, tenant: str) -> str:
+    """The hash of a tenant's learned model token ratios (model -> factor, ...)."""
+    return f"{prefix}:{{{tenant}}}:ratios"
 
 
 def tenant_limits_key(prefix: str, tenant: str) -> str:

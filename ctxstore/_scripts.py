@@ -1,10 +1,18 @@
-"""The Lua scripts, loaded once from package data.
+"""The Lua scripts, loaded once from package data, and the same as a Redis Functions library.
 
 Each file is headed by its KEYS/ARGV contract and the race it closes; the
 functions they share are in ``_lib.lua``, put in front of each script's text.
-``Connection.script`` runs them with ``EVALSHA`` and, on ``NOSCRIPT`` (a new
-or restarted server), sends them once with ``EVAL``, which caches them too.
-No ``SCRIPT`` command is ever needed, so ACL users can be denied them all.
+They run in one of two ways (``Settings.script_mode``):
+
+- ``eval`` (the default): ``Connection.script`` runs them with ``EVALSHA``
+  and, on ``NOSCRIPT`` (a new or restarted server), sends them once with
+  ``EVAL``, which caches them too. No ``SCRIPT`` command is ever needed.
+- ``functions``: an operator loads :func:`library` once per primary
+  (``ctxstore functions load``), and the SDK calls each script with
+  ``FCALL``. A Redis user then needs no ``EVAL``: a tenant's own user may run
+  the project's scripts and no script of its own, so it cannot block the
+  server with an endless one. The library's name carries a hash of every
+  script, so two SDK versions can run side by side during a rollout.
 """
 
 from __future__ import annotations
@@ -13,7 +21,37 @@ import hashlib
 from dataclasses import dataclass
 from importlib.resources import files
 
-__all__ = ["SCRIPTS", "Script"]
+__all__ = ["LIBRARY_NAME", "NAMES", "SCRIPTS", "Script", "library"]
+
+NAMES = (
+    "anchor",
+    "append",
+    "delete",
+    "enqueue",
+    "lease_acquire",
+    "lease_release",
+    "lease_renew",
+    "pin",
+    "pop",
+    "ratio",
+    "reserve",
+    "rewrite",
+    "set_ttl",
+    "summary_commit",
+    "summary_request",
+    "unlist",
+)
+"""Every script, by file name (without ``.lua``)."""
+
+
+def _read(name: str) -> bytes:
+    return files("ctxstore").joinpath("scripts").joinpath(name).read_bytes()
+
+
+_LIB = _read("_lib.lua")
+_BODIES = {name: _read(f"{name}.lua") for name in NAMES}
+LIBRARY_NAME = "ctxstore_" + hashlib.sha1(_LIB + b"".join(_BODIES.values())).hexdigest()[:12]
+"""The Redis Functions library of this version of the scripts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,52 +60,59 @@ class Script:
 
     Attributes:
         name: Its file name, without ``.lua``.
-        source: Its text.
+        source: Its text (``_lib.lua``, then the script's).
         sha: Its SHA1, as ``EVALSHA`` wants it.
+        function: Its name in the Functions library, as ``FCALL`` wants it.
     """
 
     name: str
     source: bytes
     sha: str
+    function: str
 
     @classmethod
     def load(cls, name: str) -> Script:
-        """Read ``scripts/<name>.lua`` from the package, behind ``scripts/_lib.lua``."""
-        scripts = files("ctxstore").joinpath("scripts")
-        source = b"".join(scripts.joinpath(f).read_bytes() for f in ("_lib.lua", f"{name}.lua"))
-        return cls(name, source, hashlib.sha1(source).hexdigest())
+        """The script ``scripts/<name>.lua`` of the package, behind ``scripts/_lib.lua``."""
+        source = _LIB + _BODIES[name]
+        return cls(name, source, hashlib.sha1(source).hexdigest(), f"{LIBRARY_NAME}_{name}")
+
+
+def library() -> str:
+    """The Redis Functions library holding every script (``FUNCTION LOAD`` it).
+
+    ``_lib.lua`` once, then each script as a function of ``KEYS`` and
+    ``ARGV``, registered under its :attr:`Script.function` name.
+    """
+    parts = [f"#!lua name={LIBRARY_NAME}\n", _LIB.decode()]
+    for name, body in _BODIES.items():
+        parts.append(f"\nlocal function script_{name}(KEYS, ARGV)\n{body.decode()}\nend\n")
+        parts.append(f"redis.register_function('{LIBRARY_NAME}_{name}', script_{name})\n")
+    return "".join(parts)
 
 
 class _Scripts:
     """Every script, loaded once, by attribute."""
 
     def __init__(self) -> None:
-        for name in (
-            "append",
-            "index_prune",
-            "lease_acquire",
-            "lease_release",
-            "lease_renew",
-            "pin",
-            "rewrite",
-            "session_reserve",
-            "set_ttl",
-            "summary_commit",
-            "summary_request",
-        ):
+        for name in NAMES:
             setattr(self, name, Script.load(name))
 
+    anchor: Script
     append: Script
-    index_prune: Script
+    delete: Script
+    enqueue: Script
     lease_acquire: Script
     lease_release: Script
     lease_renew: Script
     pin: Script
+    pop: Script
+    ratio: Script
+    reserve: Script
     rewrite: Script
-    session_reserve: Script
     set_ttl: Script
     summary_commit: Script
     summary_request: Script
+    unlist: Script
 
 
 SCRIPTS = _Scripts()

@@ -8,7 +8,10 @@
   worker needs on the queue's keys.
 - ``ctxstore-t-<tenant>``: optional, one per tenant, for pods that serve a
   single tenant: that tenant's keys only (its limits read-only), no queue
-  (its summaries are queued by the workers' sweep).
+  (its summaries are queued by the workers' sweep), and no script of its
+  own: it runs the project's scripts as Redis Functions (``FCALL``, with
+  ``CTXSTORE_SCRIPT_MODE=functions``, after ``ctxstore functions load``), so
+  it cannot block the server for every tenant with an endless ``EVAL``.
 
 None of them may run ``KEYS``, ``SCAN``, ``RANDOMKEY``, ``DBSIZE``, ``INFO``,
 ``FUNCTION``, any ``SCRIPT`` subcommand, ``FLUSHALL``/``FLUSHDB``, ``CONFIG``,
@@ -22,7 +25,13 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ctxstore._keys import validate_id
+from ctxstore._keys import (
+    tenant_deleted_key,
+    tenant_pending_keys,
+    tenant_ratios_key,
+    tenant_sessions_key,
+    validate_id,
+)
 from ctxstore.settings import Settings
 
 __all__ = [
@@ -42,13 +51,17 @@ CONNECTION = ("ping", "client|setname", "select")
 before Redis 7.2 and ignored when refused.)"""
 
 STORE = (
-    "del", "eval", "evalsha", "exec", "exists", "hdel", "hexists", "hget", "hgetall",
+    "del", "exec", "exists", "fcall", "get", "hdel", "hexists", "hget", "hgetall",
     "hincrby", "hkeys", "hmget", "hset", "multi", "discard", "persist", "pexpire", "pttl",
-    "rename", "sadd", "time", "wait", "xadd", "xrange", "xrevrange", "zadd", "zcard", "zrange",
-    "zremrangebyscore", "zrem", "zrevrangebyscore", "zscore",
+    "rename", "sadd", "set", "time", "wait", "xadd", "xrange", "xrevrange", "zadd", "zcard",
+    "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zrevrangebyscore", "zscore",
 )  # fmt: skip
-"""The SDK's commands (WAIT for ``replica_acks``), and those its Lua scripts call
-(TIME, RENAME and HEXISTS among them)."""
+"""The SDK's commands (WAIT for ``replica_acks``, FCALL for ``script_mode=functions``),
+and those its Lua scripts call (TIME, RENAME and HEXISTS among them)."""
+
+SCRIPTS = ("eval", "evalsha")
+"""Scripts of the caller's own: the pods' and workers' users (trusted code, the
+SDK's ``eval`` mode); never a tenant's own user, which could block the server."""
 
 ENQUEUE = ("watch", "unwatch", "psetex", "get")
 """arq's enqueue and job status, beyond the store's commands."""
@@ -116,13 +129,13 @@ def users(
             POD_USER,
             passwords[POD_USER],
             store_keys + queue_keys,
-            CONNECTION + STORE + ENQUEUE,
+            CONNECTION + STORE + SCRIPTS + ENQUEUE,
         ),
         AclUser(
             WORKER_USER,
             passwords[WORKER_USER],
             store_keys + queue_keys,
-            CONNECTION + STORE + ENQUEUE + WORKER,
+            CONNECTION + STORE + SCRIPTS + ENQUEUE + WORKER,
         ),
     ]
     for tenant in tenants:
@@ -131,8 +144,15 @@ def users(
             AclUser(
                 name,
                 passwords[name],
-                # The tenant's sessions ({tenant:session}) and its index ({tenant}).
-                (f"{prefix}:{{{tenant}:*", f"{prefix}:{{{tenant}}}:sessions"),
+                # The tenant's sessions ({tenant:session}), its index and the index's
+                # pending reservations ({tenant}).
+                (
+                    f"{prefix}:{{{tenant}:*",
+                    tenant_sessions_key(prefix, tenant),
+                    *tenant_pending_keys(prefix, tenant),
+                    tenant_deleted_key(prefix, tenant),
+                    tenant_ratios_key(prefix, tenant),
+                ),
                 CONNECTION + STORE,
                 # Its quotas are the operator's: readable, not writable.
                 read_keys=(f"{prefix}:{{{tenant}}}:limits",),

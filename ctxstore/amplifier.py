@@ -31,8 +31,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import ValidationError
-
 from ctxstore.budget import MAX_BUDGET, Budget, resolve_budget
 from ctxstore.errors import BudgetExceededError, ConfigurationError, InvalidInputError
 from ctxstore.models import RequestView
@@ -79,6 +77,7 @@ class StoreContextManager:
         self.max_tokens = max_tokens
         self.compaction_threshold = compaction_threshold
         self.last_view: RequestView | None = None
+        self.last_model: str | None = None
         self._hooks = hooks
         self._ignore_next_set = keep_stored_on_resume
 
@@ -145,9 +144,32 @@ class StoreContextManager:
 
     async def _view(self, budget: Budget, share: float) -> RequestView:
         """The view at ``share`` of the resolved budget (its model picks the factor)."""
+        self.last_model = budget.model
         return await self.store.view(
             self.session_id, token_budget=max(1, int(budget.tokens * share)), model=budget.model
         )
+
+    async def record_usage(
+        self, input_tokens: int, *, model: str | None = None, overhead_tokens: int = 0
+    ) -> float:
+        """Report the input tokens the provider billed for the last request (``record_usage``).
+
+        Raises:
+            InvalidInputError: No request was made yet, or no model is known.
+        """
+        view, model = self.last_view, model or self.last_model
+        if view is None or model is None:
+            raise InvalidInputError("record_usage needs a request made, and its model")
+        return await self.store.record_usage(
+            view, input_tokens, model=model, overhead_tokens=overhead_tokens
+        )
+
+    async def record_overflow(self, *, model: str | None = None) -> float:
+        """The provider refused the last request as too long: the next one is smaller."""
+        model = model or self.last_model
+        if model is None:
+            raise InvalidInputError("record_overflow needs the model")
+        return await self.store.record_overflow(model=model)
 
     async def get_messages(self) -> list[dict[str, Any]]:
         """The full history, uncompacted."""
@@ -194,7 +216,7 @@ async def mount(
         raise ConfigurationError(f"invalid context-ctxstore config: {problem}")
     try:
         settings = Settings(**{k: config[k] for k in _SETTINGS_KEYS if config.get(k) is not None})
-    except ValidationError as exc:
+    except ConfigurationError as exc:
         raise ConfigurationError(f"invalid context-ctxstore config: {exc}") from exc
     store = ContextStore.from_settings(settings)
     try:

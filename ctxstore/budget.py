@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxstore.errors import InvalidInputError
 from ctxstore.tokens import safety_factor
+
+if TYPE_CHECKING:
+    from ctxstore.settings import Settings
 
 __all__ = ["Budget", "resolve_budget"]
 
@@ -35,12 +38,14 @@ class Budget:
         cl100k: The same budget in stored (cl100k) tokens.
         model: The model (or provider) name the factor was chosen for.
         source: ``"explicit"``, ``"provider"`` or ``"default"``.
+        factor: Model tokens per stored (cl100k) token, assumed.
     """
 
     tokens: int
     cl100k: int
     model: str | None
     source: str
+    factor: float = 1.0
 
 
 def resolve_budget(
@@ -48,9 +53,11 @@ def resolve_budget(
     provider: Any | None,
     *,
     model: str | None,
-    default: int,
-    margin: int,
-    factors: Mapping[str, float],
+    settings: Settings | None = None,
+    default: int | None = None,
+    margin: int | None = None,
+    factors: Mapping[str, float] | None = None,
+    learned: Mapping[str, float] | None = None,
 ) -> Budget:
     """Resolve the budget of one request view.
 
@@ -58,13 +65,23 @@ def resolve_budget(
         token_budget: An explicit budget, or ``None``.
         provider: An Amplifier provider (anything with ``get_info()``), or ``None``.
         model: The model's name, when the caller knows it.
+        settings: Where ``default``, ``margin`` and ``factors`` come from when
+            they are not given.
         default: The budget when neither of the above gives one.
         margin: Tokens kept free below a provider's window.
         factors: Model family -> safety factor.
+        learned: Model -> the factor observed from the provider's own counts
+            (``ContextStore.record_usage``); it wins over the family's.
 
     Raises:
         InvalidInputError: The explicit budget is not a positive integer.
     """
+    if settings is not None:
+        default = settings.default_token_budget if default is None else default
+        margin = settings.provider_safety_margin if margin is None else margin
+        factors = settings.token_safety_factors if factors is None else factors
+    if default is None or margin is None or factors is None:
+        raise TypeError("resolve_budget needs settings, or default, margin and factors")
     if token_budget is not None and (
         isinstance(token_budget, bool)
         or not isinstance(token_budget, int)
@@ -87,8 +104,8 @@ def resolve_budget(
             tokens, source = default, "default"
     else:
         tokens, source = default, "default"
-    factor = safety_factor(factors, model)
-    return Budget(tokens, max(1, int(tokens / factor)), model, source)
+    factor = (learned or {}).get(model or "") or safety_factor(factors, model)
+    return Budget(tokens, max(1, int(tokens / factor)), model, source, factor)
 
 
 def _provider_info(provider: Any | None) -> dict[str, Any]:

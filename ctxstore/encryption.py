@@ -26,6 +26,7 @@ import binascii
 import os
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -33,6 +34,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ctxstore.errors import ConfigurationError, DecryptionError
+
+if TYPE_CHECKING:
+    from ctxstore.settings import Settings
 
 __all__ = ["MAGIC", "Keyring"]
 
@@ -67,6 +71,16 @@ class Keyring:
         if active not in self._keys:
             raise ConfigurationError(f"the active encryption key {active!r} is not in the keyring")
         self.active = active
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Keyring | None:
+        """The keyring the settings describe; ``None`` when encryption is off."""
+        if settings.encryption_active_key is None:
+            return None
+        return cls(
+            {k: v.get_secret_value() for k, v in settings.encryption_keys.items()},
+            settings.encryption_active_key,
+        )
 
     @staticmethod
     def generate_key() -> str:

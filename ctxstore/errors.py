@@ -9,6 +9,7 @@ CtxstoreError                     root: catch this to catch everything ctxstore 
 │       └── MessageTooLargeError  a message over the size cap (also a QuotaExceededError)
 ├── QuotaExceededError            a tenant quota would be exceeded; nothing was written
 ├── ConflictError                 an expected sequence number was stale
+│   └── EpochChangedError         a replace or clear came between two reads of one history
 ├── LeaseError                    the session's lease
 │   ├── LeaseHeldError            another holder kept it for longer than we would wait
 │   └── LeaseLostError            ours expired or was taken over: our write was refused
@@ -20,6 +21,8 @@ CtxstoreError                     root: catch this to catch everything ctxstore 
 │   └── SummarizerUnavailableError  rate limited, overloaded, down or slow: retry later
 └── StoreError                    Redis failed in a way the caller cannot fix
     ├── StoreUnavailableError     Redis could not be reached in the time allowed
+    ├── PermissionDeniedError     the Redis user may not run a command or touch a key
+    ├── ForgetIncompleteError     forget_tenant deleted the sessions but not everything else
     └── ReplicationError          fewer replicas than asked acknowledged a write in time
 ```
 
@@ -36,6 +39,8 @@ __all__ = [
     "CorruptEntryError",
     "CtxstoreError",
     "DecryptionError",
+    "EpochChangedError",
+    "ForgetIncompleteError",
     "InvalidIdError",
     "InvalidInputError",
     "InvalidMessageError",
@@ -43,6 +48,7 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "MessageTooLargeError",
+    "PermissionDeniedError",
     "QuotaExceededError",
     "ReplicationError",
     "SessionNotFoundError",
@@ -204,6 +210,35 @@ class ConflictError(CtxstoreError):
         )
 
 
+class EpochChangedError(ConflictError):
+    """A replace or clear changed the history between two reads that had to agree.
+
+    Attributes:
+        expected: The epoch the first read saw.
+        current: The epoch found later.
+    """
+
+    def __init__(
+        self,
+        expected: int,
+        current: int,
+        *,
+        tenant: str | None = None,
+        session: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.expected = expected
+        self.current = current
+        CtxstoreError.__init__(
+            self,
+            "the history was replaced or cleared while it was read "
+            f"(epoch {expected} -> {current})",
+            tenant=tenant,
+            session=session,
+            key=key,
+        )
+
+
 class LeaseError(CtxstoreError):
     """The session's lease could not be used."""
 
@@ -275,6 +310,30 @@ class StoreError(CtxstoreError):
 
 class StoreUnavailableError(StoreError):
     """Redis could not be reached, or did not answer, in the time allowed."""
+
+
+class PermissionDeniedError(StoreError):
+    """The Redis user may not run this command or touch this key (its ACL refused it)."""
+
+
+class ForgetIncompleteError(StoreError):
+    """``forget_tenant`` deleted what it could, but not everything.
+
+    Attributes:
+        deleted: Sessions deleted.
+        remaining: What is left, in words (the tenant's limits, a summary job...).
+    """
+
+    def __init__(
+        self, deleted: int, remaining: tuple[str, ...], *, tenant: str | None = None
+    ) -> None:
+        self.deleted = deleted
+        self.remaining = remaining
+        super().__init__(
+            f"deleted {deleted} sessions, but could not delete {', '.join(remaining)}: "
+            "run it again with an operator's credentials",
+            tenant=tenant,
+        )
 
 
 class ReplicationError(StoreError):

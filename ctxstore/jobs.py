@@ -1,13 +1,21 @@
-"""Summary jobs: queued on arq when an append (or a view) finds a summary due.
+"""The summary queue: jobs handed to arq when an append (or a view) finds a summary due.
 
 One job per due *generation*: the append script raises the session's
 summary flag and hands out a new generation only when the flag is down, and
 the flag stays up until the job ends. So a session has at most one job
 queued, job ids are never reused (arq refuses an id that is queued, running
 or kept), and a job that finds more due when it commits hands out the next
-generation itself. The sweep (:func:`sweep`, run by the worker's cron)
-queues again the sessions whose job was lost (a pod died between its append
-and its enqueue) or failed long enough ago.
+generation itself. The workers' sweep (``workers.sweep``) queues again the
+sessions whose job was lost (a pod died between its append and its enqueue)
+or failed long enough ago.
+
+- :class:`SummaryQueue`: the queue itself (enqueue, status, depth).
+- :class:`Handoff`: a store's side of it: one bounded attempt per due
+  summary, then a pause during which the sweep makes up for it.
+
+(Named ``jobs``, not ``queue``: a module named ``queue`` in the package
+directory shadows the standard library's for tools that import a file of the
+package by path, as ``amplifier-core validate`` does.)
 
 The queue lives on ``Settings.queue_url`` (the store's Redis by default):
 arq cannot run on Redis Cluster, so a cluster store keeps its queue on a
@@ -21,34 +29,30 @@ never waits longer than ``connect_timeout`` plus ``operation_timeout``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
 from typing import Any
 
-from arq.connections import ArqRedis, RedisSettings, create_pool
-from arq.jobs import Job, JobStatus
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from ctxstore.errors import StoreUnavailableError
+from ctxstore._codec import text
+from ctxstore._connection import Connection, make_client
+from ctxstore._scripts import SCRIPTS
+from ctxstore.errors import CtxstoreError, PermissionDeniedError
 from ctxstore.settings import Settings, sentinel_address
-from ctxstore.store import ContextStore
 
 __all__ = [
     "JOB_FUNCTION",
+    "LIVE",
+    "QUEUE_BACKOFF_MS",
+    "Handoff",
+    "JobState",
+    "SummaryDue",
     "SummaryQueue",
-    "SweepReport",
-    "close_sentinels",
     "deserialize",
     "job_id",
-    "queue_redis_settings",
     "serialize",
-    "sweep",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,7 +60,28 @@ log = logging.getLogger(__name__)
 JOB_FUNCTION = "summarize_session"
 """The arq function name of the summary job."""
 
-_LIVE = {JobStatus.queued, JobStatus.deferred, JobStatus.in_progress}
+JOB_EXPIRES_MS = 86_400_000
+"""How long a queued job's key lasts (arq's default: a day)."""
+
+
+class JobState(StrEnum):
+    """A summary job's state, as arq's ``JobStatus`` spells it (and compares equal to it)."""
+
+    DEFERRED = "deferred"
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETE = "complete"
+    NOT_FOUND = "not_found"
+
+
+LIVE = frozenset({JobState.QUEUED, JobState.DEFERRED, JobState.IN_PROGRESS})
+"""Job states in which a job will still run."""
+
+QUEUE_BACKOFF_MS = 10_000
+"""After a failed enqueue, appends leave summaries to the sweep for this long."""
+
+SummaryDue = Callable[[str, str, int], Awaitable[None]]
+"""Called as ``(tenant, session, generation)`` when an append makes a summary due."""
 
 
 def serialize(value: Any) -> bytes:
@@ -74,203 +99,226 @@ def job_id(settings: Settings, tenant: str, session: str, generation: int) -> st
     return f"{settings.key_prefix}:sum:{tenant}:{session}:{generation}"
 
 
-def queue_redis_settings(settings: Settings, *, conn_retries: int = 0) -> RedisSettings:
-    """Arq's connection settings for the queue's Redis.
+def queue_connection(settings: Settings) -> Connection:
+    """A connection to the queue's Redis (``queue_url``, else the store's); no I/O yet.
 
-    Args:
-        settings: ``queue_url`` (else ``redis_url``, else the embedded Redis).
-        conn_retries: How many more times arq tries to connect, a second
-            apart: none for a client on a request path (the sweep makes up
-            for a lost enqueue); a worker may wait for its Redis to come up.
+    One attempt per call, bounded by ``connect_timeout`` and
+    ``operation_timeout``: the queue is never worth holding a write up for
+    (the sweep makes up for a lost enqueue). A ``redis+sentinel://`` URL
+    finds the primary through Sentinel.
     """
-    url = settings.queue_url or settings.redis_url
-    if url is None:
-        from ctxstore.embedded import shared_embedded_url
-
-        url = shared_embedded_url()
+    single = settings.model_copy(update={"redis_cluster": False, "retry_attempts": 0})
+    url = settings.queue_url or settings.store_url()
     sentinel = sentinel_address(url)
+    label = "the summary queue's Redis"
     if sentinel is None:
-        redis_settings = RedisSettings.from_dsn(url)
-    else:
-        redis_settings = RedisSettings(
-            host=list(sentinel.sentinels),
-            sentinel=True,
-            sentinel_master=sentinel.master,
-            database=sentinel.db,
-            username=sentinel.username,
-            password=sentinel.password,
-        )
-    redis_settings.conn_timeout = max(1, int(settings.connect_timeout))
-    redis_settings.conn_retries = conn_retries
-    return redis_settings
+        return Connection(make_client(url, single), single, label=label)
+    from redis.asyncio.sentinel import Sentinel
 
-
-@asynccontextmanager
-async def _bounded(seconds: float, doing: str) -> AsyncIterator[None]:
-    """Turn a queue that does not answer within ``seconds`` into StoreUnavailableError."""
-    try:
-        async with asyncio.timeout(seconds):
-            yield
-    except (TimeoutError, OSError, RedisConnectionError, RedisTimeoutError) as exc:
-        raise StoreUnavailableError(
-            f"the summary queue's Redis failed to {doing}: {exc!r}"
-        ) from exc
+    found: Any = Sentinel(  # type: ignore[no-untyped-call]
+        list(sentinel.sentinels),
+        socket_connect_timeout=settings.connect_timeout,
+        socket_timeout=settings.operation_timeout,
+    )
+    client = found.master_for(
+        sentinel.master,
+        db=sentinel.db,
+        username=sentinel.username,
+        password=sentinel.password,
+        socket_connect_timeout=settings.connect_timeout,
+    )
+    return Connection(client, single, label=label)
 
 
 class SummaryQueue:
-    """Puts summary jobs on the arq queue. Pass it as a store's ``on_summary_due``.
+    """Puts summary jobs on the arq queue, in arq's format, without arq.
+
+    Pods need neither arq nor its version of redis-py: a job is written as
+    arq 0.26+ writes it (``enqueue.lua``), with the JSON serializer the
+    workers are built with, and an arq worker runs it. Pass one as a store's
+    ``on_summary_due``, or let the store open its own.
 
     Args:
-        pool: An arq pool on the queue's Redis.
+        connection: A connection to the queue's Redis (:func:`queue_connection`).
         settings: The queue name and key prefix.
     """
 
-    def __init__(self, pool: ArqRedis, settings: Settings) -> None:
-        self.pool = pool
+    def __init__(self, connection: Connection, settings: Settings) -> None:
+        self.connection = connection
         self.settings = settings
 
     @classmethod
     async def connect(cls, settings: Settings) -> SummaryQueue:
-        """Open a pool on the queue's Redis (``queue_url``, else the store's).
+        """A queue on the settings' queue Redis (answers PING within the timeouts).
 
         Raises:
-            StoreUnavailableError: No answer within ``connect_timeout`` plus
-                ``operation_timeout`` (one attempt: no retries).
+            StoreUnavailableError: No answer in time.
+            PermissionDeniedError: The credentials were refused.
         """
-        async with _bounded(settings.connect_timeout + settings.operation_timeout, "connect"):
-            pool = await create_pool(
-                queue_redis_settings(settings),
-                job_serializer=serialize,
-                job_deserializer=deserialize,
-                default_queue_name=settings.queue_name,
-            )
-        return cls(pool, settings)
+        queue = cls(queue_connection(settings), settings)
+        try:
+            await queue.connection.call(lambda: queue.connection.client.ping(), key="summary queue")
+        except CtxstoreError:
+            await queue.aclose()
+            raise
+        return queue
 
     async def __call__(self, tenant: str, session: str, generation: int) -> None:
         """Queue the job for this generation (the store's ``on_summary_due``)."""
         await self.enqueue(tenant, session, generation)
 
+    def _keys(self, job: str) -> tuple[str, str, str]:
+        return f"arq:job:{job}", f"arq:result:{job}", self.settings.queue_name
+
     async def enqueue(self, tenant: str, session: str, generation: int) -> bool:
         """Queue one job; False if arq already has that job id.
 
         Raises:
-            StoreUnavailableError: The queue did not answer within ``operation_timeout``.
+            StoreUnavailableError: The queue did not answer in time.
         """
-        async with _bounded(self.settings.operation_timeout, "queue a job"):
-            job = await self.pool.enqueue_job(
-                JOB_FUNCTION,
-                tenant,
-                session,
-                generation,
-                _job_id=job_id(self.settings, tenant, session, generation),
-                _queue_name=self.settings.queue_name,
-            )
-        return job is not None
-
-    async def status(self, tenant: str, session: str, generation: int) -> JobStatus:
-        """Arq's view of one generation's job."""
-        job = Job(
-            job_id(self.settings, tenant, session, generation),
-            self.pool,
-            _queue_name=self.settings.queue_name,
-            _deserializer=deserialize,
+        job = job_id(self.settings, tenant, session, generation)
+        now = int(time.time() * 1000)  # arq's own clock: the enqueuer's
+        payload = serialize(
+            {"t": None, "f": JOB_FUNCTION, "a": [tenant, session, generation], "k": {}, "et": now}
         )
-        async with _bounded(self.settings.operation_timeout, "read a job's status"):
-            return await job.status()
+        queued = await self.connection.script(
+            SCRIPTS.enqueue, self._keys(job), (job, payload, JOB_EXPIRES_MS, now), session=session
+        )
+        return int(queued) == 1
+
+    async def status(self, tenant: str, session: str, generation: int) -> JobState:
+        """One generation's job, as arq's ``Job.status()`` reads it."""
+        job = job_id(self.settings, tenant, session, generation)
+        keys = self._keys(job)
+        done, running, score = await self.connection.transaction(
+            [
+                ("EXISTS", keys[1]),
+                ("EXISTS", f"arq:in-progress:{job}"),
+                ("ZSCORE", keys[2], job),
+            ],
+            session=session,
+            key=keys[2],
+        )
+        if int(done):
+            return JobState.COMPLETE
+        if int(running):
+            return JobState.IN_PROGRESS
+        if score is None:
+            return JobState.NOT_FOUND
+        return JobState.DEFERRED if float(score) > time.time() * 1000 else JobState.QUEUED
+
+    async def forget(self, tenant: str, session: str, generation: int) -> None:
+        """Delete every key arq keeps of one generation's job (they name the session)."""
+        job = job_id(self.settings, tenant, session, generation)
+        keys = [f"arq:{kind}:{job}" for kind in ("job", "result", "retry", "in-progress")]
+        await self.connection.transaction(
+            [("DEL", *keys), ("ZREM", self.settings.queue_name, job)],
+            session=session,
+            key=self.settings.queue_name,
+        )
 
     async def depth(self) -> int:
-        """Jobs waiting in the queue (for autoscaling)."""
-        async with _bounded(self.settings.operation_timeout, "read the queue's depth"):
-            return int(await self.pool.zcard(self.settings.queue_name))
+        """Jobs waiting in the queue, deferred or running (for autoscaling)."""
+        queue = self.settings.queue_name
+        (count,) = await self.connection.transaction([("ZCARD", queue)], key=queue)
+        return int(count)
+
+    async def read(self, key: str) -> str | None:
+        """A string key of the queue's Redis (a worker's health check)."""
+        (value,) = await self.connection.transaction([("GET", key)], key=key)
+        return text(value) if value is not None else None
 
     async def aclose(self) -> None:
-        """Close the pool (and, through Sentinel, the sentinels' connections)."""
-        await self.pool.aclose()
-        await close_sentinels(self.pool)
+        """Close the connection (and, through Sentinel, the sentinels' connections)."""
+        client: Any = self.connection.client
+        await self.connection.aclose()
+        manager = getattr(client.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
 
 
-async def close_sentinels(pool: ArqRedis) -> None:
-    """Close the connections a Sentinel-found pool keeps to the sentinels.
+class Handoff:
+    """A process's side of the queue: hands due summaries to it, never holding a write up.
 
-    Closing the pool closes its connections to the primary only.
-    """
-    manager = getattr(pool.connection_pool, "sentinel_manager", None)
-    for sentinel in getattr(manager, "sentinels", ()):
-        await sentinel.aclose()
-
-
-@dataclass(frozen=True, slots=True)
-class SweepReport:
-    """What one sweep did.
-
-    Attributes:
-        sessions: Sessions looked at.
-        queued: Sessions queued again (their job was lost, or failed long ago).
-        waiting: Sessions whose job is queued or running.
-    """
-
-    sessions: int
-    queued: int
-    waiting: int
-
-
-async def sweep(
-    base: ContextStore,
-    queue: SummaryQueue,
-    *,
-    lookback_seconds: float = 86_400,
-    grace_seconds: float = 30,
-    limit: int = 1_000,
-) -> SweepReport:
-    """Queue summaries that are due but have no live job.
-
-    Looks at every tenant's sessions active in the last ``lookback_seconds``.
-    A session whose flag is up but whose job is neither queued nor running
-    (lost, or given up by arq) is queued again, unless its flag went up less
-    than ``grace_seconds`` ago (its enqueue may be in flight) or its last job
-    failed less than ``summary_retry_seconds`` ago. A session past the
-    trigger with its flag down (the threshold was lowered) is queued too.
+    Shared by every tenant's store of a process (``ContextStore.for_tenant``).
+    Without an ``on_summary_due``, the settings' queue is opened on first
+    use. A user that may not touch the queue (a tenant's own ACL user)
+    leaves due summaries to the workers' sweep: the session's flag is up,
+    and the sweep queues it. So does a failed enqueue: for
+    ``QUEUE_BACKOFF_MS`` after one, appends do not try the queue at all, so
+    an unreachable queue costs one bounded attempt, not one per session.
 
     Args:
-        base: A store on the store's Redis (any tenant); the sweep works
-            through ``base.for_tenant`` on its connections.
-        queue: The queue.
-        lookback_seconds: How far back activity counts.
-        grace_seconds: How long a raised flag may wait for its enqueue.
-        limit: The most sessions per tenant per sweep.
+        settings: The queue's URL and name.
+        on_summary_due: Called instead of the queue, when given.
+        now_ms: The clock the backoff is measured with.
     """
-    settings = queue.settings
-    # The tenants set is on the store's Redis, which may not be the queue's.
-    tenants = await base.list_tenants()
-    now_ms = int(time.time() * 1000)
-    looked = queued = waiting = 0
-    for tenant in tenants:
-        store = base if tenant == base.tenant else base.for_tenant(tenant)
-        rows = await store.list_sessions(limit=limit)
-        for row in rows:
-            if row.last_active_ms < now_ms - lookback_seconds * 1000:
-                break
-            looked += 1
-            info = await store.info(row.session, pins=False)
-            if not info.exists:
-                continue
-            if not info.summary_due:
-                if 0 < settings.summary_trigger_tokens <= info.tokens_unsummarized:
-                    generation = await store.request_summary(row.session)
-                    if generation and await queue.enqueue(tenant, row.session, generation):
-                        queued += 1
-                continue
-            status = await queue.status(tenant, row.session, info.summary_generation)
-            if status in _LIVE:
-                waiting += 1
-                continue
-            failed_at = info.summary_failed_at_ms
-            if failed_at and now_ms - failed_at < settings.summary_retry_seconds * 1000:
-                continue
-            if (info.summary_due_since_ms or 0) > now_ms - grace_seconds * 1000:
-                continue
-            generation = await store.request_summary(row.session, force=True)
-            if generation and await queue.enqueue(tenant, row.session, generation):
-                log.info("queued %s/%s again (generation %d)", tenant, row.session, generation)
-                queued += 1
-    return SweepReport(looked, queued, waiting)
+
+    def __init__(
+        self,
+        settings: Settings,
+        on_summary_due: SummaryDue | None,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self.on_summary_due = on_summary_due
+        self._now_ms = now_ms
+        self._queue: SummaryQueue | None = None
+        self._denied = False
+        self._retry_at_ms = 0
+
+    async def queue(self) -> SummaryQueue:
+        """The settings' queue, opened on first use.
+
+        Raises:
+            StoreUnavailableError: It cannot be reached in time.
+        """
+        if self._queue is None:
+            self._queue = await SummaryQueue.connect(self.settings)
+        return self._queue
+
+    async def due(self, tenant: str, session: str, generation: int) -> None:
+        """Hand one due summary over; a failure here never fails the write that made it due."""
+        if self.on_summary_due is not None:
+            try:
+                await self.on_summary_due(tenant, session, generation)
+            except Exception:
+                log.exception(
+                    "on_summary_due(%s, %s, %d) raised; the sweep will queue it",
+                    tenant,
+                    session,
+                    generation,
+                )
+            return
+        if self._denied or self._now_ms() < self._retry_at_ms:
+            return
+        try:
+            queue = await self.queue()
+            if not await queue.enqueue(tenant, session, generation):
+                log.warning("arq already had the summary job %s/%s:%d", tenant, session, generation)
+        except PermissionDeniedError:
+            self._denied = True
+            log.info("this Redis user may not queue summaries; the workers' sweep will")
+        except CtxstoreError:
+            self._retry_at_ms = self._now_ms() + QUEUE_BACKOFF_MS
+            log.warning(
+                "could not queue the summary of %s/%s; no enqueue for %d s (the sweep will)",
+                tenant,
+                session,
+                QUEUE_BACKOFF_MS // 1000,
+                exc_info=True,
+            )
+
+    async def forget_job(self, tenant: str, session: str, generation: int) -> None:
+        """Delete arq's keys of a session's summary job (they name the session).
+
+        Raises:
+            CtxstoreError: The queue could not be reached, or refused.
+        """
+        await (await self.queue()).forget(tenant, session, generation)
+
+    async def aclose(self) -> None:
+        """Close the queue's pool, if one was opened."""
+        if self._queue is not None:
+            queue, self._queue = self._queue, None
+            await queue.aclose()

@@ -24,23 +24,26 @@ import logging
 import random
 import secrets
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 from ctxstore._scripts import SCRIPTS
-from ctxstore.errors import CtxstoreError, LeaseHeldError, LeaseLostError
+from ctxstore._validate import check_seconds
+from ctxstore.errors import CtxstoreError, InvalidInputError, LeaseHeldError, LeaseLostError
 
 if TYPE_CHECKING:
     from ctxstore._connection import Connection
     from ctxstore._keys import SessionKeys
+    from ctxstore._scope import Scope
 
-__all__ = ["Clock", "Lease", "LeaseKind", "clock_arg"]
+__all__ = ["Clock", "Lease", "LeaseKind", "clock_arg", "take_lease"]
 
 LeaseKind = Literal["write", "summary"]
+
+_DAY = 86_400.0
 
 log = logging.getLogger(__name__)
 
 
-@runtime_checkable
 class Clock(Protocol):
     """A source of the current time for leases."""
 
@@ -139,6 +142,11 @@ class Lease:
             pause = min(pause * 2, 0.25)
 
     @property
+    def released(self) -> bool:
+        """True once given back, or consumed by a fenced write: it can write no more."""
+        return self._released
+
+    @property
     def lost(self) -> bool:
         """True once a renew or a fenced write found the lease gone."""
         return self._lost
@@ -166,7 +174,7 @@ class Lease:
             raise self.mark_lost()
         reply = await self._connection.script(
             SCRIPTS.lease_renew,
-            (self._keys.lease,),
+            (self._keys.lease, self._keys.meta),
             (self.token, self.fence, self._ttl_ms, self.now_arg()),
             session=self.session,
         )
@@ -233,3 +241,38 @@ class Lease:
 def clock_arg(clock: Clock | None) -> int | str:
     """The time argument scripts take: the clock's, or ``''`` for the server's."""
     return clock.now_ms() if clock is not None else ""
+
+
+async def take_lease(
+    scope: Scope,
+    session: str,
+    *,
+    kind: LeaseKind = "write",
+    ttl_s: float | None = None,
+    wait_s: float | None = None,
+) -> Lease:
+    """Take a session's lease, with the settings' TTL and wait unless given.
+
+    Raises:
+        InvalidInputError: ``kind`` is not ``"write"`` or ``"summary"``, or a
+            time is not a number of seconds up to a day.
+        LeaseHeldError: Another holder kept it for longer than ``wait_s``.
+    """
+    if kind not in get_args(LeaseKind):
+        raise InvalidInputError(f"kind must be 'write' or 'summary', not {kind!r}", session=session)
+    settings = scope.settings
+    ttl = check_seconds(
+        settings.lease_ttl_seconds if ttl_s is None else ttl_s, "ttl_s", low=0.001, high=_DAY
+    )
+    wait = check_seconds(
+        settings.lease_wait_seconds if wait_s is None else wait_s, "wait_s", low=0, high=_DAY
+    )
+    return await Lease.acquire(
+        scope.connection,
+        scope.keys(session),
+        session=session,
+        ttl_ms=max(1, int(ttl * 1000)),
+        wait_s=wait,
+        kind=kind,
+        clock=scope.clock,
+    )

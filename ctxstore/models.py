@@ -2,13 +2,19 @@
 
 A message goes in as a dict and comes back out equal: the store keeps the
 dict the caller gave (as JSON), unknown keys and all, after checking it
-against the model below. The model accepts the two shapes agents use:
+against the model below. The model accepts the three shapes agents use:
 
-- OpenAI style: ``tool_calls`` on an assistant message, and ``role: tool``
+- OpenAI Chat: ``tool_calls`` on an assistant message, and ``role: tool``
   messages carrying ``tool_call_id``;
-- Anthropic style: content blocks (``text``, ``image``, ``tool_use``,
+- Anthropic Messages: content blocks (``text``, ``image``, ``tool_use``,
   ``tool_result``, ``thinking``, ``redacted_thinking``); block types it does
-  not know (``document``, server tools...) are kept as they are.
+  not know (``document``, server tools...) are kept as they are;
+- OpenAI Responses items (what the OpenAI Agents SDK stores): ``message``
+  items with content parts, ``function_call`` / ``function_call_output``
+  paired by ``call_id``, ``reasoning`` and the other item types (see
+  :mod:`ctxstore._formats`); an item has a ``type`` and no ``role``, and the
+  fields that pair it are checked. Item types it does not know are kept as
+  they are.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -30,8 +37,17 @@ from pydantic import (
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_core import from_json
 
+from ctxstore._formats import (
+    APPROVAL_REQUEST,
+    APPROVAL_RESPONSE,
+    CALL_ITEMS,
+    REASONING,
+    RESULT_ITEMS,
+    call_ids,
+    item_type,
+    result_ids,
+)
 from ctxstore.errors import InvalidMessageError, MessageTooLargeError
-from ctxstore.policies import call_ids, result_ids
 
 __all__ = [
     "AppendResult",
@@ -43,7 +59,9 @@ __all__ = [
     "SessionInfo",
     "SessionSummary",
     "StoredMessage",
+    "Summary",
     "SummaryOutcome",
+    "SummaryStatus",
     "TenantLimits",
     "TextBlock",
     "ThinkingBlock",
@@ -207,6 +225,7 @@ class Message(BaseModel):
 
 
 _MESSAGE = TypeAdapter(Message)
+_TOO_DEEP = "a message is nested too deeply (JSON more than about 200 levels deep)"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -217,14 +236,14 @@ class Checked:
     Attributes:
         raw: The caller's dict, as given.
         data: Its JSON form (UTF-8), the bytes that are stored.
-        role: Its role.
+        role: Its role (``None`` for an OpenAI Responses item that has none).
         call_ids: Tool call ids it makes.
         result_ids: Tool call ids it answers.
     """
 
     raw: dict[str, Any]
     data: bytes
-    role: str
+    role: str | None
     call_ids: tuple[str, ...]
     result_ids: tuple[str, ...]
 
@@ -250,7 +269,9 @@ def check_message(message: object, *, max_bytes: int, index: int | None = None) 
         data = json.dumps(
             message, ensure_ascii=False, separators=(",", ":"), allow_nan=False
         ).encode()
-    except (TypeError, ValueError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise InvalidMessageError(_TOO_DEEP, index=index) from exc
+    except (TypeError, ValueError) as exc:
         raise InvalidMessageError(
             f"a message must be JSON-serializable: {exc}", index=index
         ) from exc
@@ -258,20 +279,82 @@ def check_message(message: object, *, max_bytes: int, index: int | None = None) 
         raise MessageTooLargeError(len(data), max_bytes, index=index)
     # JSON would turn tuples into lists and non-string keys into strings: refuse
     # what would not come back out equal.
-    if from_json(data) != message:
+    try:
+        decoded = from_json(data)
+    except ValueError as exc:  # pydantic-core's own depth limit, shallower than Python's
+        raise InvalidMessageError(_TOO_DEEP, index=index) from exc
+    if decoded != message:
         raise InvalidMessageError(
             "a message may hold only JSON values (dicts with string keys, lists, "
             "strings, numbers, booleans and null): it would not come back out equal",
             index=index,
         )
-    try:
-        model = _MESSAGE.validate_python(message)
-    except PydanticValidationError as exc:
-        raise InvalidMessageError(_describe(exc), index=index) from None
-    except RecursionError as exc:
-        raise InvalidMessageError("a message is nested too deeply", index=index) from exc
+    if "role" not in message:
+        problem = _item_problem(message)
+        if problem:
+            raise InvalidMessageError(problem, index=index)
+        role = None
+    else:
+        try:
+            role = _MESSAGE.validate_python(message).role
+        except PydanticValidationError as exc:
+            raise InvalidMessageError(_describe(exc), index=index) from None
+        except RecursionError as exc:
+            raise InvalidMessageError(_TOO_DEEP, index=index) from exc
     # Validated, the ids are where policies looks for them in a stored message.
-    return Checked(message, data, model.role, tuple(call_ids(message)), tuple(result_ids(message)))
+    return Checked(message, data, role, tuple(call_ids(message)), tuple(result_ids(message)))
+
+
+def _item_problem(item: dict[str, Any]) -> str | None:
+    """What is wrong with an OpenAI Responses item (a message with no role), or None."""
+    kind = item_type(item)
+    if not kind:
+        return "a message needs a role, or (an OpenAI Responses item) a type"
+    if kind == "message":
+        return "a message item needs a role"
+
+    def named(field: str) -> str | None:
+        value = item.get(field)
+        if not isinstance(value, str) or not value:
+            return f"a {kind} item needs a {field} (a non-empty string)"
+        if _CONTROL.search(value):
+            return f"a {kind} item's {field} may not hold control characters"
+        return None
+
+    if kind in CALL_ITEMS:
+        checks = ["call_id"] if item.get("execution") != "server" else []
+        if kind in ("function_call", "custom_tool_call"):
+            checks.append("name")
+        problem = next(filter(None, map(named, checks)), None)
+        if problem:
+            return problem
+        if kind == "function_call" and not isinstance(item.get("arguments"), str):
+            return "a function_call item needs its arguments (a JSON string)"
+        return None
+    if kind in RESULT_ITEMS:
+        if kind == "local_shell_call_output" and "call_id" not in item:
+            problem = named("id")
+        elif item.get("execution") != "server":
+            problem = named("call_id")
+        else:
+            problem = None
+        if problem:
+            return problem
+        return (
+            None
+            if "output" in item or kind == "tool_search_output"
+            else f"a {kind} item needs an output"
+        )
+    if kind == APPROVAL_REQUEST:
+        return named("id")
+    if kind == APPROVAL_RESPONSE:
+        problem = named("approval_request_id")
+        if problem is None and not isinstance(item.get("approve"), bool):
+            return "an mcp_approval_response item needs approve (true or false)"
+        return problem
+    if kind == REASONING and not isinstance(item.get("summary", []), list):
+        return "a reasoning item's summary is a list"
+    return None
 
 
 def _describe(exc: PydanticValidationError) -> str:
@@ -379,7 +462,7 @@ class SessionInfo:
         summary_error: The last failure, or ``None`` since a success.
         summary_last_at_ms: When the last job ended.
         summary_last_seconds: How long it took.
-        summary_last_outcome: ``commit``, ``idle`` or ``failed``.
+        summary_last_outcome: ``committed``, ``idle`` or ``failed``.
         summary_generation: The generation of the last summary job flagged.
         summary_due_since_ms: When the summary flag went up.
         summary_failed_at_ms: When the last summary job failed.
@@ -486,13 +569,50 @@ class RequestView:
 
 
 @dataclass(frozen=True, slots=True)
+class Summary:
+    """A summary at two levels, as a summarizer writes it (``summarize_levels``).
+
+    Views send the largest level that fits: the ledger alone (level 1), or
+    the ledger and the narrative (level 2).
+
+    Attributes:
+        ledger: A compact, entity-keyed ledger of the facts (a few hundred tokens).
+        narrative: A longer chronological account (may be empty).
+        state: The summarizer's own memory between folds (opaque JSON, e.g.
+            its entries and how often each was referred to); never sent to a model.
+    """
+
+    ledger: str
+    narrative: str = ""
+    state: str | None = None
+
+    @property
+    def text(self) -> str:
+        """Both levels as one text (the largest level a view can send)."""
+        return f"{self.ledger}\n\n{self.narrative}" if self.narrative else self.ledger
+
+
+class SummaryStatus(StrEnum):
+    """How a summary job ended (also the session's ``summary_last_outcome``)."""
+
+    COMMITTED = "committed"
+    """A new summary was swapped in."""
+    IDLE = "idle"
+    """Nothing could be covered yet (too little, or a tool exchange still open)."""
+    FAILED = "failed"
+    """The summarizer failed; the error is recorded on the session."""
+    STALE = "stale"
+    """A replace, clear or another commit came between: the result was thrown away."""
+    LEASE_LOST = "lease_lost"
+    """The lease expired or a writer took it: the result was thrown away."""
+
+
+@dataclass(frozen=True, slots=True)
 class SummaryOutcome:
     """What a summary job did.
 
     Attributes:
-        status: ``"committed"``, ``"idle"`` (nothing to cover yet), ``"stale"``
-            (a replace, clear or other commit came between: thrown away) or
-            ``"lease_lost"`` (the lease expired or a writer took it).
+        status: How it ended (a :class:`SummaryStatus`).
         covers_upto: The entry id the summary now covers, when committed.
         entries: Messages the new summary covers that the last one did not.
         input_tokens: Tokens sent to the summarizer (history and previous summary).
@@ -502,7 +622,7 @@ class SummaryOutcome:
         next_generation: When more is already due, the job to queue next (else 0).
     """
 
-    status: str
+    status: SummaryStatus
     covers_upto: str | None = None
     entries: int = 0
     input_tokens: int = 0

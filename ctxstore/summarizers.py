@@ -1,17 +1,19 @@
 """Summarizers: turn old turns into a summary, off the request path.
 
 A :class:`Summarizer` takes the previous summary (or ``None``) and the
-messages after it, and returns the new summary. Two ship here:
+messages after it, and returns the new summary. One that can also write it
+at two levels (``summarize_levels``: a compact facts ledger, then a longer
+narrative) lets views send the largest level that fits. Two ship here:
 
 - :class:`AnthropicSummarizer`, on Anthropic's Messages API (async client,
-  the fixed system prompt sent with prompt caching). Rate limits, overload,
-  server errors and timeouts raise
-  :class:`~ctxstore.errors.SummarizerUnavailableError`, which the worker
-  retries through arq with jittered backoff (the client's own retries are
-  off); anything else raises :class:`~ctxstore.errors.SummarizerError`.
-- :class:`LocalSummarizer`, deterministic and extractive, for machines with
-  no API key: it keeps what an agent needs to carry on (requests, decisions,
-  names, numbers, file paths, errors, tool calls and their outcomes).
+  the fixed system prompt sent with prompt caching), asked for the ledger,
+  then the narrative. Rate limits, overload, server errors and timeouts
+  raise :class:`~ctxstore.errors.SummarizerUnavailableError`, which the
+  worker retries through arq with jittered backoff (the client's own retries
+  are off); anything else raises :class:`~ctxstore.errors.SummarizerError`.
+  ``anthropic`` is imported when one is built, never by ``import ctxstore``.
+- :class:`~ctxstore.ledger.LocalSummarizer`, deterministic and extractive,
+  for machines with no API key.
 
 :func:`summarizer_from_settings` picks one. ``ctxstore.testing`` has a fake.
 """
@@ -21,14 +23,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
-import anthropic
-
+from ctxstore._formats import REASONING, call_ids, item_type, result_ids
 from ctxstore.errors import SummarizerError, SummarizerUnavailableError
-from ctxstore.policies import result_ids
+from ctxstore.ledger import LocalSummarizer
+from ctxstore.models import Summary
 from ctxstore.settings import Settings
-from ctxstore.tokens import TiktokenCounter, TokenCounter
+
+if TYPE_CHECKING:
+    import anthropic
 
 __all__ = [
     "SYSTEM_PROMPT",
@@ -42,24 +46,39 @@ __all__ = [
 SYSTEM_PROMPT = """\
 You maintain the running summary of a conversation between a user and an AI \
 agent that uses tools. You receive the previous summary (if any) and the \
-turns that came after it. Write the new summary, which replaces both.
+turns that came after it. Write the new summary, which replaces both, in two \
+parts.
 
-Keep everything the agent needs to carry on without the original turns:
-- the user's goals, requests and constraints, and whether each was met;
+First, inside <ledger></ledger>, a compact facts ledger: one line per fact, \
+grouped under short headings (Task, Constraints, Decisions, Preferences, \
+Identifiers, Numbers, Names, Dates, Paths, Errors, Tools), each line \
+"subject: value". Keep everything the agent needs to carry on without the \
+original turns:
+- the user's goals, requests, constraints and preferences, and whether each was met;
 - decisions taken and their reasons;
-- names, numbers, identifiers, versions, dates, URLs and file paths, exactly;
-- tools called, with their important arguments, and what they returned or \
-how they failed (error messages verbatim when short);
-- open questions and the next steps that were planned.
+- names, numbers with their subject, identifiers, versions, dates, URLs and \
+file paths, exactly as written;
+- errors from tools that failed (verbatim when short), and what each tool \
+returned that later turns rely on.
+When a later turn changes a fact, replace its line and keep the old value \
+beside the new one as "(was <old>)": never leave an old value without the \
+new one. Merge restatements into one line. Keep the ledger short: when it \
+must lose lines, lose those least referred to, not the oldest.
 
-Drop pleasantries, repetition and raw tool output that no later turn relies \
-on. Write plain, dense bullet points grouped under short headings. Do not \
-address the user; do not add anything that is not in the input."""
+Then, inside <narrative></narrative>, a chronological account in plain, \
+dense bullet points: what was asked, what was done with which tools, what \
+was found and decided, open questions and planned next steps.
+
+Drop pleasantries, repetition and raw tool output no later turn relies on. \
+Do not address the user; do not add anything that is not in the input."""
 
 
-@runtime_checkable
 class Summarizer(Protocol):
     """Writes a conversation's running summary.
+
+    A summarizer may also have ``summarize_levels(previous: Summary | None,
+    messages, *, max_tokens, ledger_tokens) -> Summary``, writing a facts
+    ledger and a narrative; the store uses it when it is there.
 
     Attributes:
         name: What is recorded as the summary's model.
@@ -83,6 +102,12 @@ def render_transcript(messages: Sequence[dict[str, Any]]) -> str:
     """The messages as a plain transcript, tool calls and results included."""
     lines = []
     for message in messages:
+        kind = item_type(message)
+        if kind is not None:  # an OpenAI Responses item
+            line = _item_line(message, kind)
+            if line:
+                lines.append(line)
+            continue
         role = str(message.get("role", "?"))
         label = role if not message.get("name") else f"{role} ({message['name']})"
         if role == "tool":
@@ -98,6 +123,25 @@ def render_transcript(messages: Sequence[dict[str, Any]]) -> str:
     return "\n\n".join(lines)
 
 
+def _item_line(item: dict[str, Any], kind: str) -> str | None:
+    """An OpenAI Responses item as a transcript line (None: nothing to summarize in it)."""
+    calls, results = call_ids(item), result_ids(item)
+    if calls:
+        arguments = item.get("arguments", item.get("input", item.get("action", "")))
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        return f"[assistant] [calls {item.get('name', kind)}({arguments}) as {calls[0]}]"
+    if results:
+        output = item.get("output", "")
+        body = "\n".join(_texts(output)) if isinstance(output, list) else output
+        if not isinstance(body, str):
+            body = json.dumps(body, ensure_ascii=False)
+        return f"[tool result for {results[0]}] {body}"
+    if kind == REASONING:
+        return None  # the agent's private reasoning is not part of the record
+    return f"[{kind}]"
+
+
 def _texts(content: Any) -> list[str]:
     if isinstance(content, str):
         return [content]
@@ -108,7 +152,7 @@ def _texts(content: Any) -> list[str]:
         if not isinstance(block, dict):
             continue
         kind = block.get("type")
-        if kind == "text":
+        if kind in ("text", "input_text", "output_text"):
             out.append(str(block.get("text", "")))
         elif kind == "tool_use":
             out.append(
@@ -129,7 +173,7 @@ def _texts(content: Any) -> list[str]:
 
 
 class AnthropicSummarizer:
-    """Summaries from Anthropic's Messages API.
+    """Summaries from Anthropic's Messages API, at two levels.
 
     Args:
         client: An ``anthropic.AsyncAnthropic`` client; built from ``api_key``
@@ -147,16 +191,49 @@ class AnthropicSummarizer:
         model: str = "claude-haiku-4-5",
         timeout: float = 60.0,
     ) -> None:
+        import anthropic  # only the workers that summarize with it pay for the import
+
+        self._anthropic = anthropic
         self._client = client or anthropic.AsyncAnthropic(
             api_key=api_key, max_retries=0, timeout=timeout
         )
         self._timeout = timeout
         self.name = model
 
+    async def summarize_levels(
+        self,
+        previous: Summary | None,
+        messages: Sequence[dict[str, Any]],
+        *,
+        max_tokens: int,
+        ledger_tokens: int | None = None,
+    ) -> Summary:
+        """Ask the model for the new ledger and narrative.
+
+        Raises:
+            SummarizerUnavailableError: 429, 529, 5xx, a timeout or no connection.
+            SummarizerError: Any other failure, or an answer with no ledger.
+        """
+        limit = ledger_tokens or max(64, max_tokens // 3)
+        parts = [
+            f"Write the ledger in at most {limit} tokens, and both parts together in at "
+            f"most {max_tokens}."
+        ]
+        if previous is not None:
+            parts.append(f"<previous_ledger>\n{previous.ledger}\n</previous_ledger>")
+            if previous.narrative:
+                parts.append(f"<previous_narrative>\n{previous.narrative}\n</previous_narrative>")
+        parts.append(f"<conversation>\n{render_transcript(messages)}\n</conversation>")
+        text = await self._ask("\n\n".join(parts), max_tokens)
+        ledger, narrative = _section(text, "ledger"), _section(text, "narrative")
+        if ledger is None:
+            ledger, narrative = text, ""  # no tags: the whole answer is the summary
+        return Summary(ledger, narrative or "")
+
     async def summarize(
         self, previous: str | None, messages: Sequence[dict[str, Any]], *, max_tokens: int
     ) -> str:
-        """Ask the model for the new summary.
+        """The one-level protocol: the previous text and the turns in, one text out.
 
         Raises:
             SummarizerUnavailableError: 429, 529, 5xx, a timeout or no connection.
@@ -165,6 +242,14 @@ class AnthropicSummarizer:
         prompt = (
             f"<previous_summary>\n{previous}\n</previous_summary>\n\n" if previous else ""
         ) + f"<conversation>\n{render_transcript(messages)}\n</conversation>"
+        text = await self._ask(prompt, max_tokens)
+        ledger, narrative = _section(text, "ledger"), _section(text, "narrative")
+        if ledger is None:
+            return text
+        return Summary(ledger, narrative or "").text
+
+    async def _ask(self, prompt: str, max_tokens: int) -> str:
+        anthropic = self._anthropic
         try:
             response = await self._client.messages.create(
                 model=self.name,
@@ -206,232 +291,17 @@ class AnthropicSummarizer:
         return text
 
 
+def _section(text: str, tag: str) -> str | None:
+    """The text inside ``<tag>...</tag>``, stripped; ``None`` without the tag."""
+    found = re.search(rf"<{tag}>\s*(.*?)\s*</{tag}>", text, re.DOTALL)
+    return found.group(1) if found else None
+
+
 def _retry_after(value: str | None) -> float | None:
     try:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
         return None
-
-
-_PATH = re.compile(
-    r"(?<![\w@])(?:~|\.{1,2})?/?(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|js|ts|go|rs|java|rb|md|txt|json|ya?ml|toml|cfg|ini|sql|sh|csv|html|css|lock|log)\b"
-)
-# Numbers, with thousands separators, decimals and dotted versions (3.2.1);
-# a full stop after one ends the sentence, not the number.
-_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)*%?(?!\w)")
-_NAME = re.compile(r"\b[A-Z][a-z]+(?:\s[A-Z][a-z]+)+\b")
-_DECISION = re.compile(
-    r"\b(decid\w*|agree\w*|chose|choose|will use|we'll|plan(?:ned)? to|going with|must|"
-    r"should|don't|do not|never|always|prefer\w*|fixed|resolved|switch\w* to)\b",
-    re.IGNORECASE,
-)
-# ModuleNotFoundError, KeyError... count as much as a bare "error".
-_ERROR = re.compile(
-    r"(?:\b\w*(?:error|exception)|\b(?:failed|failure|traceback|not found|denied|timeout"
-    r"|timed out|refused))\b",
-    re.IGNORECASE,
-)
-_RAISED = re.compile(r"\b\w*(?:Error|Exception)\b:")
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
-
-
-class LocalSummarizer:
-    """A deterministic, extractive summarizer that needs no network.
-
-    The summary is a list of lines under five headings. It keeps, by
-    priority: decisions, errors, facts (names, numbers with their context,
-    file paths), the first and latest requests, and per tool the calls made
-    and how they ended. Lines carried from the previous summary are merged
-    in. When the summary would be over ``max_tokens``, the lowest priority
-    lines go first, oldest first.
-
-    Args:
-        counter: Counts the summary's tokens; cl100k by default.
-    """
-
-    name = "local-extractive"
-
-    HEADINGS = ("Decisions", "Errors", "Facts", "Requests", "Tools")
-    """Sections, in priority order (the last is dropped first)."""
-
-    def __init__(self, counter: TokenCounter | None = None) -> None:
-        self._counter = counter or TiktokenCounter()
-
-    async def summarize(
-        self, previous: str | None, messages: Sequence[dict[str, Any]], *, max_tokens: int
-    ) -> str:
-        """Extract the new summary (never fails: it runs locally)."""
-        sections = _parse_sections(previous)
-        calls: dict[str, tuple[str, str]] = {}  # call id -> (tool, short arguments)
-        tools: dict[str, list[str]] = {}
-        requests: list[str] = []
-        for message in messages:
-            role = message.get("role")
-            body = "\n".join(_texts(message.get("content")))
-            is_result = bool(result_ids(message))
-            if role == "user" and not is_result:
-                first = _first_sentence(body)
-                if first:
-                    requests.append(first)
-            if role in ("user", "assistant") and not is_result:
-                for sentence in _sentences(body):
-                    if _DECISION.search(sentence):
-                        sections["Decisions"].append(f"{role}: {_clip(sentence, 240)}")
-                sections["Facts"].extend(_facts(body))
-            for call_id, tool, arguments in _calls(message):
-                calls[call_id] = (tool, arguments)
-            for call_id, output, failed in _results(message):
-                tool, arguments = calls.get(call_id, ("a tool", call_id))
-                error = _error_line(output)
-                if failed or error:
-                    sections["Errors"].append(f"{tool}({arguments}): {_clip(error or output, 200)}")
-                    tools.setdefault(tool, []).append(f"{arguments} -> failed")
-                else:
-                    tools.setdefault(tool, []).append(
-                        f"{arguments} -> {_clip(_first_line(output), 60)}"
-                    )
-        # The first requests state the task; the latest say where it stands.
-        sections["Requests"].extend(requests[:3] + requests[3:][-5:])
-        for tool, uses in tools.items():
-            shown = ", ".join(_unique(uses)[-6:])
-            sections["Tools"].append(f"{tool}: {len(uses)} calls ({shown})")
-        return self._fit(sections, max_tokens)
-
-    def _fit(self, sections: dict[str, list[str]], max_tokens: int) -> str:
-        """Render the sections, dropping low-priority old lines until it fits."""
-        header = "Summary of the earlier conversation:"
-        rows = [
-            (priority, index, f"- {heading}: {line}")
-            for priority, heading in enumerate(self.HEADINGS)
-            for index, line in enumerate(_unique(sections[heading]))
-        ]
-        costs = {text: self._counter.count(text) + 1 for _, _, text in rows}
-        total = self._counter.count(header) + sum(costs.values())
-
-        # Drop the lowest priority section first; within one, the first three
-        # lines (what the task was) go last, and of the rest the oldest first.
-        def drop_order(row: tuple[int, int, str]) -> tuple[int, int, int]:
-            priority, index, _ = row
-            return (-priority, index < 3, index if index >= 3 else -index)
-
-        for priority, index, text in sorted(rows, key=drop_order):
-            if total <= max_tokens:
-                break
-            rows.remove((priority, index, text))
-            total -= costs[text]
-        return "\n".join([header, *(text for _, _, text in rows)])
-
-
-def _parse_sections(previous: str | None) -> dict[str, list[str]]:
-    """The previous summary's lines, by section (unknown lines are kept as facts)."""
-    sections: dict[str, list[str]] = {h: [] for h in LocalSummarizer.HEADINGS}
-    for line in (previous or "").splitlines():
-        line = line.strip()
-        if not line.startswith("- "):
-            if line and not line.startswith("Summary of the earlier"):
-                sections["Facts"].append(_clip(line, 400))
-            continue
-        heading, sep, rest = line[2:].partition(": ")
-        if sep and heading in sections:
-            sections[heading].append(rest)
-        else:
-            sections["Facts"].append(line[2:])
-    return sections
-
-
-def _calls(message: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(call id, tool name, short arguments) of each call a message makes."""
-    found = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function", {})
-        found.append(
-            (str(call.get("id")), str(function.get("name", "?")), _args(function.get("arguments")))
-        )
-    content = message.get("content")
-    for block in content if isinstance(content, list) else ():
-        if isinstance(block, dict) and block.get("type") == "tool_use":
-            found.append(
-                (str(block.get("id")), str(block.get("name", "?")), _args(block.get("input")))
-            )
-    return found
-
-
-def _args(arguments: Any) -> str:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return _clip(arguments, 60)
-    if isinstance(arguments, dict):
-        return _clip(", ".join(str(v) for v in arguments.values()), 60)
-    return _clip(str(arguments), 60)
-
-
-def _results(message: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    if message.get("role") == "tool":
-        return [
-            (str(message.get("tool_call_id")), "\n".join(_texts(message.get("content"))), False)
-        ]
-    content = message.get("content")
-    if not isinstance(content, list):
-        return []
-    return [
-        (str(b.get("tool_use_id")), "\n".join(_texts(b.get("content"))), bool(b.get("is_error")))
-        for b in content
-        if isinstance(b, dict) and b.get("type") == "tool_result"
-    ]
-
-
-def _sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
-
-
-def _first_sentence(text: str) -> str:
-    sentences = _sentences(text)
-    return _clip(sentences[0], 200) if sentences else ""
-
-
-def _error_line(output: str) -> str | None:
-    """The line that says what failed: a raised exception's, else the first error word's."""
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    raised = [line for line in lines if _RAISED.search(line)]
-    if raised:
-        return raised[-1]  # a traceback ends with the exception
-    return next((s for s in _sentences(output) if _ERROR.search(s)), None)
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else "(empty)"
-
-
-def _facts(text: str) -> list[str]:
-    """File paths, multi-word names, and each sentence that states a number."""
-    found = [m.group(0).rstrip(".") for m in _PATH.finditer(text)]
-    found += [m.group(0) for m in _NAME.finditer(text)]
-    for sentence in _sentences(text):
-        bare = _PATH.sub("", sentence)  # a digit inside a path is not a number worth a line
-        if _NUMBER.search(bare):
-            found.append(_clip(sentence, 160))
-    return found
-
-
-def _clip(text: str, limit: int) -> str:
-    """``text`` on one line, cut at a word boundary to at most ``limit`` characters."""
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    cut = text[: limit - 1].rsplit(" ", 1)[0] or text[: limit - 1]
-    return cut + "…"
-
-
-def _unique(items: list[str]) -> list[str]:
-    seen: set[str] = set()
-    out = []
-    for item in items:
-        if item not in seen:
-            seen.add(item)
-            out.append(item)
-    return out
 
 
 def summarizer_from_settings(settings: Settings) -> Summarizer:

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
-from ctxstore.embedded import EmbeddedRedis
-from ctxstore.policies import call_ids, entry_order, result_ids
+from ctxstore._formats import call_ids, entry_order, result_ids
+from ctxstore.embedded import EmbeddedRedis, ServerStartError, start_server
 
 if TYPE_CHECKING:
     from ctxstore.models import WriteResult
@@ -455,24 +455,20 @@ class LocalCluster:
         """Start (or restart) the node on ``port``."""
         node_dir = Path(self.directory) / str(port)
         node_dir.mkdir(exist_ok=True)
-        self.processes[port] = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir),
-             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-             "--cluster-node-timeout", "1000", "--appendonly", "yes", "--appendfsync", "always",
-             "--save", "", "--protected-mode", "no", "--repl-diskless-sync-delay", "0",
-             "--logfile", str(node_dir / "redis.log")],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while not pings(port):
-            if self.processes[port].poll() is not None:
-                log = (node_dir / "redis.log").read_text(errors="replace")
-                failure = PortTakenError if "Address already in use" in log else RuntimeError
-                raise failure(f"redis-server on {port} exited: {log[-500:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on {port} did not start")
-            time.sleep(0.01)
+        try:
+            self.processes[port] = start_server(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir),
+                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "1000", "--appendonly", "yes", "--appendfsync", "always",
+                 "--save", "", "--protected-mode", "no", "--repl-diskless-sync-delay", "0",
+                 "--logfile", str(node_dir / "redis.log")],
+                answers=lambda: pings(port),
+                log=node_dir / "redis.log",
+            )  # fmt: skip
+        except ServerStartError as exc:
+            self.processes[port] = exc.process  # stopped: kept so the caller sees it exited
+            failure = PortTakenError if exc.port_taken else RuntimeError
+            raise failure(f"redis-server on {port}: {exc}") from exc
 
     def wait_ok(self, timeout: float = 30) -> None:
         """Wait until every live node says the cluster is ok and every replica is in sync.

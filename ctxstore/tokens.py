@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import tiktoken
 
@@ -24,10 +24,13 @@ PART_OVERHEAD = 3
 IMAGE_TOKENS = 1_600
 """An image's estimate: Anthropic bills at most about 1,600 tokens per image."""
 
-_OPAQUE_KEYS = frozenset({"signature", "data", "source", "image_url", "cache_control"})
+_OPAQUE_KEYS = frozenset(
+    {"signature", "data", "source", "image_url", "cache_control", "encrypted_content", "file_data"}
+)
+_ITEM_FRAMING = frozenset({"type", "id", "call_id", "status", "approval_request_id"})
+"""Fields of an OpenAI Responses item that pair or track it, not text the model reads."""
 
 
-@runtime_checkable
 class TokenCounter(Protocol):
     """Counts the tokens of a text."""
 
@@ -62,11 +65,19 @@ def count_message(counter: TokenCounter, message: Mapping[str, Any]) -> int:
     """Count a message's tokens: its texts in one call, plus framing.
 
     Text, thinking, tool names and arguments and tool results are counted;
-    images are estimated; opaque payloads (signatures, base64 data) are not
-    tokenized.
+    images are estimated; opaque payloads (signatures, base64 data, encrypted
+    reasoning) are not tokenized. An OpenAI Responses item counts every text
+    it holds.
     """
     parts: list[str] = []
     overhead = MESSAGE_OVERHEAD
+    if "role" not in message and isinstance(message.get("type"), str):
+        # An OpenAI Responses item: every text in it, but its ids and tags.
+        for key, value in message.items():
+            if key not in _ITEM_FRAMING and key not in _OPAQUE_KEYS:
+                overhead += _images(value)
+                parts.extend(_strings(value))
+        return overhead + counter.count("\n".join(parts))
     role = message.get("role")
     if isinstance(role, str):
         parts.append(role)
@@ -92,7 +103,16 @@ def count_message(counter: TokenCounter, message: Mapping[str, Any]) -> int:
 
 
 def _is_image(block: Any) -> bool:
-    return isinstance(block, dict) and block.get("type") == "image"
+    return isinstance(block, dict) and block.get("type") in ("image", "input_image")
+
+
+def _images(value: Any) -> int:
+    """The estimate of the images in an item's field (a tool output may hold some)."""
+    if _is_image(value):
+        return IMAGE_TOKENS
+    if isinstance(value, list):
+        return sum(_images(item) for item in value)
+    return 0
 
 
 def _tool_result(block: dict[str, Any], parts: list[str]) -> int:

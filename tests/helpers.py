@@ -1,11 +1,67 @@
-"""Conversations for tests: realistic shapes, built deterministically."""
+"""Messages and conversations for tests: realistic shapes, built deterministically.
+
+One place for the builders every test file uses: single messages in OpenAI
+Chat style (``oa_*``) and Anthropic style (``an_*``), a few constants, whole
+conversations, and :func:`paired`, which checks a view's tool pairs by id.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ctxstore._formats import call_ids, result_ids
+
 if TYPE_CHECKING:
     from ctxstore import ContextStore
+
+
+USER = {"role": "user", "content": "hello"}
+SYSTEM = {"role": "system", "content": "You are a careful agent."}
+
+
+def system(text: str = "be careful") -> dict[str, Any]:
+    """A system message."""
+    return {"role": "system", "content": text}
+
+
+def user(text: str = "hi") -> dict[str, Any]:
+    """A user message."""
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str = "ok") -> dict[str, Any]:
+    """An assistant message."""
+    return {"role": "assistant", "content": text}
+
+
+def oa_call(*ids: str, text: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style assistant message calling tools ``ids`` in parallel."""
+    calls = [
+        {"id": c, "type": "function", "function": {"name": "read", "arguments": "{}"}} for c in ids
+    ]
+    return {"role": "assistant", "content": text, "tool_calls": calls}
+
+
+def oa_result(cid: str, text: str = "result") -> dict[str, Any]:
+    """An OpenAI-style tool message answering ``cid``."""
+    return {"role": "tool", "tool_call_id": cid, "content": text}
+
+
+def an_call(*ids: str, text: str | None = None) -> dict[str, Any]:
+    """An Anthropic-style assistant message with ``tool_use`` blocks ``ids``."""
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    blocks += [{"type": "tool_use", "id": c, "name": "read", "input": {}} for c in ids]
+    return {"role": "assistant", "content": blocks}
+
+
+def an_result(*ids: str, text: str | None = None) -> dict[str, Any]:
+    """An Anthropic-style user message with ``tool_result`` blocks for ``ids``."""
+    blocks: list[dict[str, Any]] = [
+        {"type": "tool_result", "tool_use_id": c, "content": "result"} for c in ids
+    ]
+    if text:
+        blocks.append({"type": "text", "text": text})
+    return {"role": "user", "content": blocks}
 
 
 def conversation(turns: int, *, tool_every: int = 3, parallel: int = 2) -> list[dict[str, Any]]:
@@ -49,3 +105,33 @@ async def append_until_due(store: ContextStore, session: str, start: int = 0) ->
         if (await store.append(session, turn(i))).summary_due:
             return i + 1
     raise AssertionError("no append raised the summary flag")
+
+
+def paired(messages: list[dict[str, Any]]) -> int:
+    """Check a view's tool pairs by id; return how many pairs it holds.
+
+    Every result answers a call made by an earlier message, in the block of
+    results right after that message; every call is answered exactly once.
+
+    Raises:
+        AssertionError: A result with no call before it, a result separated
+            from its call, a call answered twice or never.
+    """
+    open_calls: set[str] = set()  # calls of the last calling message, not yet answered
+    answered: set[str] = set()
+    made: set[str] = set()
+    for message in messages:
+        results = result_ids(message)
+        if results:
+            for rid in results:
+                assert rid in open_calls, f"result {rid} does not follow its call"
+                open_calls.discard(rid)
+                answered.add(rid)
+            continue
+        assert not open_calls, f"calls {sorted(open_calls)} are not answered right after"
+        calls = call_ids(message)
+        made.update(calls)
+        open_calls = set(calls)
+    assert not open_calls, f"calls {sorted(open_calls)} are never answered"
+    assert made == answered
+    return len(answered)

@@ -14,22 +14,23 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from arq import Worker
+import pytest
 from redis.asyncio import Redis
 
 from ctxstore import Settings
-from ctxstore.embedded import redis_server_binary
+from ctxstore.embedded import redis_server_binary, start_server, stop_server
 from ctxstore.errors import ConfigurationError
 from ctxstore.testing import free_port, pings
-from workers import build_worker
+
+if TYPE_CHECKING:
+    from arq import Worker
 
 __all__ = [
     "Logged",
@@ -131,19 +132,8 @@ class PrivateRedis:
     def start(self) -> PrivateRedis:
         """Start (or restart) the server and wait until it answers PING."""
         assert self.process is None or self.process.poll() is not None, "already running"
-        self.process = subprocess.Popen(
-            self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 10
-        try:
-            while not pings(self.port):
-                if self.process.poll() is not None:
-                    raise AssertionError(f"redis-server exited at start:\n{self._log()}")
-                assert time.monotonic() < deadline, f"redis-server did not answer:\n{self._log()}"
-                time.sleep(0.01)  # polls a condition (the server answering), with a deadline
-        except BaseException:
-            self.kill()  # never leave a server that did not come up running
-            raise
+        port = self.port
+        self.process = start_server(self.args(), answers=lambda: pings(port), log=self.log_path)
         return self
 
     def kill(self) -> None:
@@ -164,21 +154,9 @@ class PrivateRedis:
 
     def stop(self) -> None:
         """Stop the server (if running, paused or not) and remove its dir."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_server(self.process)
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def _log(self) -> str:
-        try:
-            return self.log_path.read_text()[-4000:]
-        except OSError:
-            return "(no log)"
 
     def __enter__(self) -> PrivateRedis:
         return self.start()
@@ -274,6 +252,9 @@ async def run_burst(settings: Settings, summarizer: Any, **options: Any) -> Work
     ``options`` go to :func:`workers.build_worker` (e.g. ``keep_result=60`` to
     read arq's results afterwards).
     """
+    pytest.importorskip("arq", reason="the summary worker needs ctxstore[worker]")
+    from workers import build_worker
+
     worker = build_worker(settings, summarizer=summarizer, burst=True, **options)
     try:
         await worker.main()

@@ -12,6 +12,7 @@ import json
 import logging
 import secrets
 import stat
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -20,15 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from arq.jobs import JobStatus
 from helpers import append_until_due, conversation, turn
 from redis.asyncio import Redis
-from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError
 from servers import PrivateRedis, ServerPool, redis7_binary, run_burst
 
 from ctxstore import (
     ContextStore,
+    ForgetIncompleteError,
     LocalSummarizer,
+    PermissionDeniedError,
     Settings,
     TenantLimits,
 )
@@ -39,9 +41,10 @@ from ctxstore._keys import (
     tenant_sessions_key,
     tenants_key,
 )
-from ctxstore._scripts import SCRIPTS
+from ctxstore._scripts import LIBRARY_NAME, SCRIPTS, library
 from ctxstore.acl import POD_USER, WORKER_USER, render_acl, tenant_user_name
-from ctxstore.jobs import SummaryQueue, job_id, sweep
+from ctxstore.jobs import JobState, SummaryQueue, job_id
+from workers.sweep import sweep
 
 REDIS7 = redis7_binary()
 if REDIS7 is None:
@@ -76,9 +79,10 @@ class AclServer:
     passwords: dict[str, str]
 
     def as_user(self, user: str) -> Settings:
-        """The settings, connecting as ``user``."""
+        """The settings, connecting as ``user`` (a tenant's user runs the scripts by FCALL)."""
         url = self.server.url(user, self.passwords[user])
-        return self.settings.model_copy(update={"redis_url": url})
+        mode = "functions" if user.startswith("ctxstore-t-") else "eval"
+        return self.settings.model_copy(update={"redis_url": url, "script_mode": mode})
 
     @asynccontextmanager
     async def client(self, user: str | None = None) -> AsyncIterator[Redis]:
@@ -105,6 +109,15 @@ def acl(servers: ServerPool) -> AclServer:
     names = [POD_USER, WORKER_USER, ACME_USER, BETA_USER]
     passwords = {name: secrets.token_urlsafe(16) for name in names}
     server = servers.start(acl=render_acl(settings, TENANTS, passwords) + ADMIN)
+    # The operator loads the scripts as Functions: tenants' users may not EVAL.
+    loaded = subprocess.run(
+        ["redis-cli", "-p", str(server.port), "-x", "FUNCTION", "LOAD", "REPLACE"],
+        input=library(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert loaded.stdout.strip() == LIBRARY_NAME, loaded.stdout + loaded.stderr
     return AclServer(server, settings.model_copy(update={"redis_url": server.url()}), passwords)
 
 
@@ -253,14 +266,19 @@ async def test_a_tenant_user_runs_the_whole_sdk_surface(acl: AclServer, admin: R
 
 
 async def test_a_tenant_user_can_forget_its_own_tenant(acl: AclServer, admin: Redis) -> None:
-    """As ctxstore-t-acme, forget_tenant deletes acme's sessions and index (the SREM may fail)."""
+    """As ctxstore-t-acme, forget deletes acme's sessions, then names what it could not delete."""
     async with ContextStore.from_settings(acl.settings, tenant="acme") as operator:
         await operator.set_limits(TenantLimits(sessions=10))
     async with ContextStore.from_settings(acl.as_user(ACME_USER), tenant="acme") as store:
         for session in ("one", "two"):
             await store.append(session, turn(0))
-        assert await store.forget_tenant() == 2
+        with pytest.raises(ForgetIncompleteError) as refused:
+            await store.forget_tenant()
+        assert refused.value.deleted == 2
+        assert refused.value.remaining == ("the tenant's limits", "its entry in the tenants set")
+        assert isinstance(refused.value.__cause__, PermissionDeniedError)
         assert await store.list_sessions() == []
+    assert await admin.exists(tenant_limits_key(PREFIX, "acme"))
     keys = [k.decode() async for k in admin.scan_iter(match=f"{PREFIX}:{{acme:*")]
     assert keys == []
     assert not await admin.exists(tenant_sessions_key(PREFIX, "acme"))
@@ -290,15 +308,12 @@ REFUSED: list[tuple[str, Call, Call | None]] = [
     ("GET beta's key", lambda c: c.get(BETA.meta), None),
     ("XRANGE beta's log", lambda c: c.xrange(BETA.log), lambda c: c.xrange(ACME.log)),
     ("HGETALL beta's meta", lambda c: c.hgetall(BETA.meta), lambda c: c.hgetall(ACME.meta)),
+    ("EVAL of its own", lambda c: c.eval(READ_SEQ, 1, ACME.meta), None),
+    ("EVALSHA of a ctxstore script", lambda c: c.evalsha(SCRIPTS.set_ttl.sha, 0), None),
     (
-        "EVAL declaring beta's key",
-        lambda c: c.eval(READ_SEQ, 1, BETA.meta),
-        lambda c: c.eval(READ_SEQ, 1, ACME.meta),
-    ),
-    (
-        "EVALSHA set_ttl.lua on beta's keys",
-        lambda c: c.evalsha(SCRIPTS.set_ttl.sha, 4, *ttl_keys(BETA), 0),
-        lambda c: c.evalsha(SCRIPTS.set_ttl.sha, 4, *ttl_keys(ACME_UNUSED), 0),
+        "FCALL set_ttl on beta's keys",
+        lambda c: c.fcall(SCRIPTS.set_ttl.function, 4, *ttl_keys(BETA), 0),
+        lambda c: c.fcall(SCRIPTS.set_ttl.function, 4, *ttl_keys(ACME_UNUSED), 0),
     ),
     ("KEYS", lambda c: c.keys("*"), None),
     ("SCAN", lambda c: c.scan(0), None),
@@ -368,22 +383,19 @@ async def test_a_tenant_user_is_refused(
 
 
 @pytest.mark.usefixtures("seeded")
-async def test_a_tenant_users_script_cannot_reach_another_tenants_key(
-    acl: AclServer, admin: Redis
-) -> None:
-    """A script declaring acme's key but writing beta's is stopped at that write; beta unchanged."""
+async def test_a_tenant_users_scripts_reach_only_its_own_keys(acl: AclServer, admin: Redis) -> None:
+    """A tenant user runs no script of its own, and the project's only on its own keys."""
     before = await admin.hgetall(BETA.meta)
     async with acl.client(ACME_USER) as client:
-        # Redis reports a refusal inside a script as a script error, not as NOPERM.
-        with pytest.raises(ResponseError, match="can't access"):
+        with pytest.raises(NoPermissionError):  # no script of its own, whatever it declares
             await client.eval(
                 "redis.call('HSET', KEYS[1], 'x', 1) "
                 f"return redis.call('HSET', '{BETA.meta}', 'x', 1)",
                 1,
                 ACME.meta,
             )
-        with pytest.raises(NoPermissionError):  # declared: refused before the script runs
-            await client.eval("return redis.call('HSET', KEYS[2], 'x', 1)", 2, ACME.meta, BETA.meta)
+        with pytest.raises(NoPermissionError):  # declared: refused before the function runs
+            await client.fcall(SCRIPTS.pin.function, 3, ACME.log, ACME.keep, BETA.meta, "1-0", "1")
     assert await admin.hgetall(BETA.meta) == before
 
 
@@ -451,7 +463,7 @@ async def test_the_sweep_as_the_worker_user_queues_what_a_tenant_user_could_not(
     acl: AclServer, admin: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A tenant user may not queue its due summary; the sweep, as ctxstore-worker, does."""
-    caplog.set_level(logging.INFO, logger="ctxstore.store")
+    caplog.set_level(logging.INFO, logger="ctxstore.jobs")
     async with ContextStore.from_settings(acl.as_user(BETA_USER), tenant="beta") as store:
         await append_until_due(store, "long")
     assert "may not queue summaries" in caplog.text
@@ -464,9 +476,48 @@ async def test_the_sweep_as_the_worker_user_queues_what_a_tenant_user_could_not(
             report = await sweep(base, queue, grace_seconds=0)
             gen = (await base.for_tenant("beta").info("long")).summary_generation
         assert (report.sessions, report.queued, report.waiting) == (1, 1, 0)
-        assert await queue.status("beta", "long", gen) == JobStatus.queued
+        assert await queue.status("beta", "long", gen) == JobState.QUEUED
     finally:
         await queue.aclose()
     assert [m.decode() for m in await admin.zrange(QUEUE, 0, -1)] == [
         job_id(acl.settings, "beta", "long", gen)
     ]
+
+
+# -- one tenant cannot stall the others ----------------------------------------------------------
+
+
+async def test_hostile_entries_a_tenant_user_can_write_never_stop_the_sweep_for_others(
+    acl: AclServer, admin: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Acme's user plants bad tenant ids and index members; the sweep still queues beta's job."""
+    async with ContextStore.from_settings(acl.as_user(BETA_USER), tenant="beta") as store:
+        await append_until_due(store, "long")
+    assert await admin.zcard(QUEUE) == 0  # beta's own user may not queue it
+    async with acl.client(ACME_USER) as client:
+        await client.sadd(TENANTS_SET, "../../etc", "bad{tenant", "x" * 300, "acme")
+        index = tenant_sessions_key(PREFIX, "acme")
+        await client.zadd(index, {"bad{member": 1, "at-infinity": float("inf")})
+        await client.zadd(index, {"before-time": float("-inf"), "s" * 200: 5})
+    caplog.set_level(logging.WARNING, logger="ctxstore.worker")
+    settings = acl.as_user(WORKER_USER)
+    queue = await SummaryQueue.connect(settings)
+    try:
+        async with ContextStore.from_settings(settings, tenant="beta") as base:
+            report = await sweep(base, queue, grace_seconds=0)
+    finally:
+        await queue.aclose()
+    assert report.queued == 1
+    assert await admin.zcard(QUEUE) == 1
+    assert "skipped" in caplog.text
+
+
+async def test_a_tenant_user_may_run_no_script_of_its_own(acl: AclServer) -> None:
+    """No EVAL, EVALSHA or SCRIPT for a tenant user: it cannot block the server with a script."""
+    async with acl.client(ACME_USER) as client:
+        with pytest.raises(NoPermissionError):
+            await client.eval("return 1", 0)
+        with pytest.raises(NoPermissionError):
+            await client.evalsha(SCRIPTS.set_ttl.sha, 4, *ttl_keys(ACME_UNUSED), 0)
+        with pytest.raises(NoPermissionError):
+            await client.execute_command("FUNCTION", "LOAD", "#!lua name=x\n")

@@ -62,22 +62,25 @@ def collect(queue: Any, processes: list[Any], timeout: float = 120) -> dict[Any,
     return reports
 
 
-async def test_concurrent_writers_lose_nothing_double_nothing_keep_order(
-    store: ContextStore, redis_url: str, tenant: str
+async def run_writers(
+    store: ContextStore, redis_url: str, tenant: str, writers: int, appends: int
 ) -> None:
-    """8 processes x 300 appends to one session, 8 over 100 sessions: 0 lost/doubled/reordered."""
+    """``writers`` processes append ``appends`` each to one session, as many to 100 sessions.
+
+    Then every session is audited: nothing lost, doubled or reordered.
+    """
     queue = SPAWN.Queue()
     many = [f"s{i:03d}" for i in range(100)]
     processes = [
         SPAWN.Process(
-            target=procs.writer, args=(redis_url, RUN_PREFIX, tenant, w, ["one"], 300, queue)
+            target=procs.writer, args=(redis_url, RUN_PREFIX, tenant, w, ["one"], appends, queue)
         )
-        for w in range(8)
+        for w in range(writers)
     ] + [
         SPAWN.Process(
-            target=procs.writer, args=(redis_url, RUN_PREFIX, tenant, w, many, 300, queue)
+            target=procs.writer, args=(redis_url, RUN_PREFIX, tenant, w, many, appends, queue)
         )
-        for w in range(8, 16)
+        for w in range(writers, 2 * writers)
     ]
     reports = collect(queue, processes)
 
@@ -86,9 +89,24 @@ async def test_concurrent_writers_lose_nothing_double_nothing_keep_order(
         found = await audit(store, session, acks_of(reports, session), key_of=writer_key)
         totals.update(lost=found.lost, doubled=found.duplicated, out_of_order=found.out_of_order)
         totals["checked"] += found.checked
-    assert totals == {"lost": 0, "doubled": 0, "out_of_order": 0, "checked": 16 * 300}
-    assert (await store.info("one")).count == 8 * 300
-    assert sum([(await store.info(s)).count for s in many]) == 8 * 300
+    assert totals == {"lost": 0, "doubled": 0, "out_of_order": 0, "checked": 2 * writers * appends}
+    assert (await store.info("one")).count == writers * appends
+    assert sum([(await store.info(s)).count for s in many]) == writers * appends
+
+
+async def test_concurrent_writers_lose_nothing_double_nothing_keep_order(
+    store: ContextStore, redis_url: str, tenant: str
+) -> None:
+    """4 processes x 100 appends to one session, 4 over 100 sessions: 0 lost/doubled/reordered."""
+    await run_writers(store, redis_url, tenant, writers=4, appends=100)
+
+
+@pytest.mark.soak
+async def test_many_concurrent_writers_lose_nothing_double_nothing_keep_order(
+    store: ContextStore, redis_url: str, tenant: str
+) -> None:
+    """8 processes x 300 appends to one session, 8 over 100 sessions: 0 lost/doubled/reordered."""
+    await run_writers(store, redis_url, tenant, writers=8, appends=300)
 
 
 async def test_appends_through_a_dropping_connection_are_not_doubled(

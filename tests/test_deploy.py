@@ -1,22 +1,31 @@
-"""The deployment files under deploy/: they parse, hang together, and match the code.
+"""The deployment files under deploy/: they parse, hang together, and match the code and docs.
 
-Pure file checks: no Docker, no Kubernetes, no network (the exporter is
-served once on a loopback port). Settings are built
-from the files' variables the way a container reads them (its environment),
-with every other ``CTXSTORE_*`` variable of the test run removed.
+No Docker, no Kubernetes cluster, no network (the exporter is served once on
+a loopback port). The Secrets are not files of deploy/k8s/: they are what
+deploy/k8s-secrets.sh makes (run once per module; kubectl, when installed,
+only renders them client-side), and a private Redis 7 loads the ACL file it
+wrote. Settings are built from the files' variables the way a container
+reads them (its environment), with every other ``CTXSTORE_*`` variable of the
+test run removed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import importlib.util
 import json
 import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,6 +35,9 @@ from urllib.request import urlopen
 import pytest
 import yaml
 from arq.connections import RedisSettings
+from redis.asyncio import Redis
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+from servers import ServerPool, redis7_binary
 
 from ctxstore import Settings
 from ctxstore.acl import POD_USER, WORKER_USER
@@ -36,7 +48,9 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 NAMESPACE = "ctxstore"
 CHECK = ["ctxstore", "worker", "--check"]
-PLACEHOLDER = re.compile(r"CHANGE-ME[\w-]*")
+SECRETS_SCRIPT = DEPLOY / "k8s-secrets.sh"
+DOCS = DEPLOY / "README.md"
+TEST_ANTHROPIC_KEY = "sk-ant-test-key"
 VARIABLE = re.compile(r"\bCTXSTORE_[A-Z][A-Z0-9_]*")
 WORKLOADS = {"Deployment", "StatefulSet"}
 
@@ -77,21 +91,123 @@ def compose() -> dict[str, Any]:
     return dict(yaml.safe_load((DEPLOY / "compose.yaml").read_text()))
 
 
-def secret_data(doc: dict[str, Any]) -> dict[str, str]:
-    """A Secret template's values, placeholders replaced by test values."""
-    assert "data" not in doc, "templates use stringData, readable and editable"
-    return {k: PLACEHOLDER.sub("test-password", v) for k, v in doc["stringData"].items()}
+@dataclass(frozen=True)
+class Generated:
+    """What deploy/k8s-secrets.sh wrote.
+
+    Attributes:
+        out: Its output directory.
+        secrets: Secret name -> key -> value (the files of ``out/<name>/``).
+        passwords: User -> password (``creds.json``).
+    """
+
+    out: Path
+    secrets: dict[str, dict[str, str]]
+    passwords: dict[str, str]
 
 
-def env_sources(workload: str) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
+    """deploy/k8s-secrets.sh, run as the docs say: the ConfigMap's prefix and queue, a tenant."""
+    out = tmp_path_factory.mktemp("k8s-secrets") / "out"
+    settings = manifest("ConfigMap", "ctxstore-settings")["data"]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("CTXSTORE_") and k != "ANTHROPIC_API_KEY"
+    }
+    env |= {
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        "CTXSTORE_KEY_PREFIX": settings["CTXSTORE_KEY_PREFIX"],
+        "CTXSTORE_QUEUE_NAME": settings["CTXSTORE_QUEUE_NAME"],
+        "ANTHROPIC_API_KEY": TEST_ANTHROPIC_KEY,
+    }
+    done = subprocess.run(
+        [str(SECRETS_SCRIPT), str(out), "--tenant", "acme"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    secrets = {
+        directory.name: {path.name: path.read_text() for path in directory.iterdir()}
+        for directory in out.iterdir()
+        if directory.is_dir()
+    }
+    return Generated(out, secrets, json.loads((out / "creds.json").read_text()))
+
+
+def env_sources(workload: str, generated: Generated) -> dict[str, str]:
     """What a workload's container gets from its envFrom ConfigMaps and Secrets."""
     values: dict[str, str] = {}
     for source in container(workload).get("envFrom", []):
         if "configMapRef" in source:
             values |= manifest("ConfigMap", source["configMapRef"]["name"])["data"]
         else:
-            values |= secret_data(manifest("Secret", source["secretRef"]["name"]))
+            values |= generated.secrets[source["secretRef"]["name"]]
     return values
+
+
+def documented(heading: str) -> dict[str, list[str]]:
+    """A table under ``### heading`` of deploy/README.md: first cell -> the names in the second.
+
+    A name followed by ``(optional)`` is given as ``name?``.
+    """
+    text = DOCS.read_text()
+    start = text.index(f"\n### {heading}\n")
+    end = text.find("\n#", start + 1)
+    rows: dict[str, list[str]] = {}
+    for line in text[start : end if end != -1 else None].splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].startswith("`"):
+            continue
+        names = [
+            name + ("?" if optional else "")
+            for name, optional in re.findall(r"`([^`]+)`( \(optional\))?", cells[1])
+        ]
+        rows[cells[0].strip("`")] = names
+    assert rows, f"no table under ### {heading} in {DOCS}"
+    return rows
+
+
+def references() -> Iterator[tuple[str, str, str, str | None]]:
+    """Each ConfigMap and Secret a pod of deploy/k8s/ reads: (kind, name, workload, key or None)."""
+    for workload, spec in pod_specs():
+        for c in [*spec["containers"], *spec.get("initContainers", [])]:
+            for source in c.get("envFrom", []):
+                if "configMapRef" in source:
+                    yield "ConfigMap", source["configMapRef"]["name"], workload, None
+                else:
+                    yield "Secret", source["secretRef"]["name"], workload, None
+            for var in c.get("env", []):
+                found = var.get("valueFrom", {})
+                for field, kind in (("configMapKeyRef", "ConfigMap"), ("secretKeyRef", "Secret")):
+                    if field in found:
+                        yield kind, found[field]["name"], workload, found[field]["key"]
+        for volume in spec.get("volumes", []):
+            sources = volume.get("projected", {}).get("sources", []) or [volume]
+            for source in sources:
+                for field, kind, name in (
+                    ("configMap", "ConfigMap", "name"),
+                    ("secret", "Secret", "secretName"),
+                ):
+                    ref = source.get(field)
+                    if ref is None:
+                        continue
+                    named = ref.get(name) or ref["name"]
+                    items = ref.get("items") or [{"key": None}]
+                    for item in items:
+                        yield kind, named, workload, item["key"]
+
+
+def images() -> Iterator[tuple[str, str]]:
+    """Every (image, where) of deploy/k8s/'s pods and of Compose's services."""
+    for workload, spec in pod_specs():
+        for c in [*spec["containers"], *spec.get("initContainers", [])]:
+            yield c["image"], workload
+    for name, service in compose()["services"].items():
+        yield service["image"], f"compose:{name}"
 
 
 def settings_from(env: dict[str, str | None], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -166,9 +282,7 @@ def test_every_yaml_file_parses() -> None:
 def test_every_k8s_document_is_named_in_the_namespace() -> None:
     """Every Kubernetes document has apiVersion, kind and a name, in the ctxstore namespace."""
     docs = k8s_documents()
-    assert {"Namespace", "ConfigMap", "Secret", "Deployment", "StatefulSet"} <= {
-        d["kind"] for _, d in docs
-    }
+    assert {"Namespace", "ConfigMap", "Deployment", "StatefulSet"} <= {d["kind"] for _, d in docs}
     for path, doc in docs:
         assert doc.get("apiVersion") and doc.get("kind"), path
         assert doc["metadata"]["name"], path
@@ -196,35 +310,63 @@ def test_selectors_match_their_pods() -> None:
             assert any(selector.items() <= lbl.items() for lbl in pod_labels), (path, selector)
 
 
-def test_every_reference_to_a_configmap_or_secret_resolves() -> None:
-    """Every ConfigMap and Secret a pod reads (envFrom, env, volumes) is defined, with the key."""
+def test_deploy_k8s_holds_no_secret() -> None:
+    """No Secret under deploy/k8s/: applying it never replaces the generated users or URLs."""
+    kinds = [doc["kind"] for _, doc in k8s_documents()]
+    assert "StatefulSet" in kinds and "Secret" not in kinds
+    assert "CHANGE-ME" not in "".join(p.read_text() for p in K8S.rglob("*.yaml"))
+
+
+def test_every_secret_configmap_and_image_is_defined_or_documented() -> None:
+    """Each ConfigMap a pod reads is defined (with the key); each Secret and image is documented."""
+    secrets = documented("Secrets")
+    configmaps = documented("ConfigMaps")
+    listed_images = documented("Images")
     seen = 0
-    for workload, spec in pod_specs():
-        for c in spec["containers"]:
-            for source in c.get("envFrom", []):
-                kind, ref = (
-                    ("ConfigMap", source["configMapRef"])
-                    if "configMapRef" in source
-                    else ("Secret", source["secretRef"])
-                )
-                manifest(kind, ref["name"])
-                seen += 1
-            for var in c.get("env", []):
-                ref = var.get("valueFrom", {}).get("secretKeyRef")
-                if ref:
-                    assert ref["key"] in manifest("Secret", ref["name"])["stringData"], workload
-                    seen += 1
-        for volume in spec.get("volumes", []):
-            for source in volume.get("projected", {}).get("sources", []):
-                kind = "ConfigMap" if "configMap" in source else "Secret"
-                ref = source.get("configMap") or source["secret"]
-                data = (
-                    manifest(kind, ref["name"]).get("data")
-                    or manifest(kind, ref["name"])["stringData"]
-                )
-                assert {item["key"] for item in ref["items"]} <= data.keys(), workload
-                seen += 1
-    assert seen >= 6
+    for kind, name, workload, key in references():
+        seen += 1
+        if kind == "ConfigMap":
+            assert name in configmaps, (workload, name)
+            data = manifest("ConfigMap", name)["data"]
+            assert key is None or key in data, (workload, name, key)
+        else:
+            assert name in secrets, (workload, name)
+            keys = {k.rstrip("?") for k in secrets[name]}
+            assert key is None or key in keys, (workload, name, key)
+            assert key is None or f"{key}?" not in secrets[name], "a key read by name is optional"
+    assert seen >= 8
+    for name in configmaps:
+        manifest("ConfigMap", name)  # a documented ConfigMap is defined, once
+    used = dict(images())
+    assert len(used) >= 4
+    for image, where in used.items():
+        assert image in listed_images, f"{image} ({where}) is not in deploy/README.md's images"
+
+
+def test_the_script_makes_exactly_the_documented_secrets(generated: Generated) -> None:
+    """k8s-secrets.sh writes the docs' Secrets with their keys (an optional one when it is set)."""
+    assert os.access(SECRETS_SCRIPT, os.X_OK), "the docs run it as deploy/k8s-secrets.sh"
+    expected = {
+        name: {key.rstrip("?") for key in keys} for name, keys in documented("Secrets").items()
+    }
+    assert {name: set(values) for name, values in generated.secrets.items()} == expected
+    assert generated.secrets["ctxstore-worker"]["ANTHROPIC_API_KEY"] == TEST_ANTHROPIC_KEY
+    for path in generated.out.rglob("*"):
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is readable by others"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (client only)")
+def test_the_script_renders_the_secrets_for_kubectl_apply(generated: Generated) -> None:
+    """secrets.yaml holds the three Secrets in the ctxstore namespace, with the files' values."""
+    docs = [
+        d for d in yaml.safe_load_all((generated.out / "secrets.yaml").read_text()) if d is not None
+    ]
+    assert [(d["kind"], d["metadata"]["namespace"]) for d in docs] == [("Secret", NAMESPACE)] * 3
+    rendered = {
+        d["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in d["data"].items()}
+        for d in docs
+    }
+    assert rendered == generated.secrets
 
 
 def test_every_pod_runs_non_root_on_a_read_only_root() -> None:
@@ -255,12 +397,14 @@ def test_worker_probes_run_the_health_check() -> None:
         assert worker[probe]["timeoutSeconds"] >= 5, probe
 
 
-def test_worker_grace_period_covers_the_job_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_grace_period_covers_the_job_timeout(
+    generated: Generated, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The worker's termination grace period is at least the longest a job may run."""
     spec = dict(pod_specs())["ctxstore-worker"]
     defaults = settings_from({"CTXSTORE_REDIS_URL": "redis://r:6379/0"}, monkeypatch)
     assert job_timeout(defaults) == defaults.summary_timeout * 4 + 30
-    configured = settings_from(dict(env_sources("ctxstore-worker")), monkeypatch)
+    configured = settings_from(dict(env_sources("ctxstore-worker", generated)), monkeypatch)
     needed = max(job_timeout(defaults), job_timeout(configured))
     assert spec["terminationGracePeriodSeconds"] >= needed
     assert "lifecycle" not in container("ctxstore-worker"), "SIGTERM alone drains a worker"
@@ -312,15 +456,15 @@ def test_every_ctxstore_variable_is_a_setting() -> None:
     ],
 )
 def test_pod_environment_parses_into_settings(
-    workload: str, user: str, monkeypatch: pytest.MonkeyPatch
+    workload: str, user: str, generated: Generated, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A pod's ConfigMap and Secret values (placeholders filled) all land in Settings."""
+    """A pod's ConfigMap and generated Secret values all land in Settings, as its ACL user."""
     c = container(workload)
-    env: dict[str, str | None] = dict(env_sources(workload))
+    env: dict[str, str | None] = dict(env_sources(workload, generated))
     for var in c.get("env", []):
         ref = var.get("valueFrom", {}).get("secretKeyRef")
         if ref:
-            env[var["name"]] = secret_data(manifest("Secret", ref["name"]))[ref["key"]]
+            env[var["name"]] = generated.secrets[ref["name"]][ref["key"]]
         elif "value" in var:
             env[var["name"]] = var["value"]
     for name in env:
@@ -331,26 +475,28 @@ def test_pod_environment_parses_into_settings(
     urls = [u for u in (settings.redis_url, settings.queue_url) if u is not None]
     assert urls
     for url in urls:
-        assert RedisSettings.from_dsn(url).username == user, (workload, url)
+        parsed = RedisSettings.from_dsn(url)
+        assert parsed.username == user, (workload, url)
+        assert parsed.password == generated.passwords[user], workload
 
 
-def test_secret_urls_name_the_redis_service() -> None:
-    """The Secrets' URLs name the Redis StatefulSet's pod, through its headless Service."""
+def test_secret_urls_name_the_redis_service(generated: Generated) -> None:
+    """The generated URLs name the Redis StatefulSet's pod, through its headless Service."""
     statefulset = manifest("StatefulSet", "ctxstore-redis")
     service = manifest("Service", statefulset["spec"]["serviceName"])
     assert service["spec"]["clusterIP"] == "None"
     host = f"{statefulset['metadata']['name']}-0.{service['metadata']['name']}.{NAMESPACE}"
     urls = [
         value
-        for _, doc in k8s_documents()
-        if doc["kind"] == "Secret"
-        for key, value in secret_data(doc).items()
+        for values in generated.secrets.values()
+        for key, value in values.items()
         if key.startswith("CTXSTORE_") and key.endswith("_URL")
     ]
     assert len(urls) >= 4
     for url in urls:
         parts = urlsplit(url)
-        assert parts.scheme == "redis" and parts.password == "test-password"
+        assert parts.scheme == "redis" and parts.username is not None
+        assert parts.password == generated.passwords[parts.username]
         assert parts.hostname is not None and parts.hostname.startswith(host + ".svc")
         assert parts.port == service["spec"]["ports"][0]["port"]
 
@@ -444,17 +590,72 @@ def test_redis_keeps_its_aof_on_a_claim() -> None:
     ), "the image's working directory, /data, is the AOF's"
 
 
-def test_redis_acl_template_shuts_the_default_user() -> None:
-    """The ACL template disables `default`, holds no comments, and has the probes' user."""
-    acl = manifest("Secret", "ctxstore-redis-acl")["stringData"]
-    lines = acl["users.acl"].splitlines()
-    assert "user default off" in lines
-    assert not [ln for ln in lines if ln.lstrip().startswith("#")], "an ACL file holds no comments"
+def probe_user() -> str:
+    """The user the Redis StatefulSet's readiness probe logs in as."""
     probe = container("ctxstore-redis")["readinessProbe"]["exec"]["command"]
-    user = shlex.split(probe[-1])[shlex.split(probe[-1]).index("--user") + 1]
-    (line,) = [ln for ln in lines if ln.startswith(f"user {user} ")]
+    words = shlex.split(probe[-1])
+    return words[words.index("--user") + 1]
+
+
+def test_generated_acl_shuts_the_default_user_and_has_the_probes_user(
+    generated: Generated,
+) -> None:
+    """users.acl turns `default` off, holds no comment, and has the probe's PING-only user."""
+    acl = generated.secrets["ctxstore-redis-acl"]
+    lines = acl["users.acl"].splitlines()
+    assert lines[0] == "user default off"
+    assert not [ln for ln in lines if ln.lstrip().startswith("#")], "an ACL file holds no comments"
+    (line,) = [ln for ln in lines if ln.startswith(f"user {probe_user()} ")]
     assert "+ping" in line.split() and "-@all" in line.split()
-    assert f">{acl['probe-password']}" in line.split()
+    digest = hashlib.sha256(acl["probe-password"].encode()).hexdigest()
+    assert f"#{digest}" in line.split()
+    users = {ln.split()[1] for ln in lines}
+    assert {POD_USER, WORKER_USER, "ctxstore-t-acme", "admin", probe_user()} <= users
+
+
+@pytest.mark.skipif(redis7_binary() is None, reason="the rendered users need Redis 7")
+async def test_generated_acl_lets_each_secrets_user_in_with_its_rights(
+    generated: Generated, servers: ServerPool
+) -> None:
+    """A Redis 7 loads users.acl; each Secret's URL and the probe's password log in, no one else."""
+    server = servers.start(acl="user default on nopass ~* &* +@all\n")
+    assert server.acl_path is not None
+    server.acl_path.write_text(generated.secrets["ctxstore-redis-acl"]["users.acl"])
+    setup = Redis.from_url(server.url())
+    try:
+        await setup.execute_command("ACL", "LOAD")
+    finally:
+        await setup.aclose()
+
+    async def ping(url: str) -> bool:
+        client = Redis.from_url(url)
+        try:
+            return bool(await client.ping())
+        finally:
+            await client.aclose()
+
+    here = f"127.0.0.1:{server.port}"
+    for name in ("ctxstore-worker", "ctxstore-pod"):
+        for key in ("CTXSTORE_REDIS_URL", "CTXSTORE_QUEUE_URL"):
+            parts = urlsplit(generated.secrets[name][key])
+            assert await ping(
+                parts._replace(netloc=f"{parts.netloc.split('@')[0]}@{here}").geturl()
+            )
+    probe_password = generated.secrets["ctxstore-redis-acl"]["probe-password"]
+    assert await ping(server.url(probe_user(), probe_password))
+    probe = Redis.from_url(server.url(probe_user(), probe_password))
+    try:
+        with pytest.raises(NoPermissionError):
+            await probe.get("any")
+    finally:
+        await probe.aclose()
+    with pytest.raises((AuthenticationError, ResponseError)):
+        await ping(server.url())  # the default user is off
+    admin = Redis.from_url(server.url("admin", generated.passwords["admin"]))
+    try:
+        assert await admin.execute_command("ACL", "LOAD")  # what the docs run after a change
+    finally:
+        await admin.aclose()
 
 
 # Autoscaling

@@ -81,6 +81,14 @@ def conversation() -> list[dict[str, Any]]:
 PINNED = {"role": "user", "content": f"Remember this: {ECHO}."}
 
 
+def deploy_turn(i: int) -> dict[str, Any]:
+    """A user turn naming the secret, about 60 tokens long."""
+    return {
+        "role": "user",
+        "content": f"turn {i}: deploy {ALPHA} now" + ", and watch the rollout closely" * 8,
+    }
+
+
 async def write_conversation(store: ContextStore, session: str) -> list[dict[str, Any]]:
     """Append the conversation and a pinned message; return what was written, in order."""
     messages = conversation()
@@ -204,19 +212,23 @@ async def test_a_cached_summary_round_trips_encrypted(
     await write_conversation(store, "s")
     outcome = await store.summarize("s", LocalSummarizer())
     assert outcome.status == "committed", outcome
-    view = await store.view("s", token_budget=100_000)
+    for budget in range(3_000, 200, -100):  # the largest budget the history does not fit
+        view = await store.view("s", token_budget=budget)
+        if view.stats.summary_used:
+            break
     assert view.stats.summary_used
     summary = next(m["content"] for m in view.messages if m["content"].startswith("<summary>"))
     assert ALPHA in summary  # the summary holds content: it must be sealed like the rest
     # In Redis, the summary's text is sealed with k1, holds none of it in clear, and
     # opens (for this tenant and session) to exactly what the view sent.
     body = summary.removeprefix("<summary>\n").removesuffix("\n</summary>")
-    raw = await raw_redis.hget(store.keys("s").view, "text")
-    assert raw is not None
-    assert sealed_key_id(raw) == "k1"
-    assert leaks({"text": [raw]}) == {}
+    raw, narrative = await raw_redis.hmget(store.keys("s").view, "l1", "l2")
+    assert raw is not None and narrative is not None
+    assert {sealed_key_id(raw), sealed_key_id(narrative)} == {"k1"}
+    assert leaks({"l1": [raw], "l2": [narrative]}) == {}
     assert body.encode() not in raw
-    assert k1.open(store.tenant, "s", raw) == body.encode()
+    ledger = k1.open(store.tenant, "s", raw)
+    assert body.encode() in (ledger, ledger + b"\n\n" + k1.open(store.tenant, "s", narrative))
 
 
 async def test_encryption_from_settings(stores: MakeStore, raw_redis: Redis) -> None:
@@ -266,7 +278,7 @@ async def test_no_plaintext_reaches_redis(stores: MakeStore, raw_redis: Redis, k
     assert await raw_redis.hlen(keys.keep) == 2  # the system and the pinned message
     for value in (await raw_redis.hgetall(keys.keep)).values():
         assert sealed_key_id(value.split(b"\x1e", 4)[4]) == "k1"
-    assert sealed_key_id(await raw_redis.hget(keys.view, "text")) == "k1"
+    assert sealed_key_id(await raw_redis.hget(keys.view, "l1")) == "k1"
 
 
 async def test_token_counts_are_those_of_the_clear_text(
@@ -360,15 +372,14 @@ async def test_a_wrong_key_cannot_open_the_summary(stores: MakeStore, k1: Keyrin
 
     The entries are written in clear, then summarized through an encrypted store.
     """
-    await stores().append_many(
-        "s", [{"role": "user", "content": f"turn {i}: deploy {ALPHA} now"} for i in range(12)]
-    )
+    await stores().append_many("s", [deploy_turn(i) for i in range(12)])
     right = stores(k1)
     assert (await right.summarize("s", LocalSummarizer())).status == "committed"
-    assert (await right.view("s", token_budget=100_000)).stats.summary_used
+    assert (await right.view("s", token_budget=600)).stats.summary_used
     wrong = stores(Keyring({"k1": Keyring.generate_key()}, "k1"))
-    with pytest.raises(DecryptionError):
-        await wrong.view("s", token_budget=100_000)
+    for budget in (600, 500):  # the anchor's copy of the summary, and the summary itself
+        with pytest.raises(DecryptionError):
+            await wrong.view("s", token_budget=budget)
     assert len(await wrong.get_messages("s")) == 12  # the clear entries still read
 
 
@@ -467,8 +478,8 @@ async def test_a_truncated_sealed_summary_is_a_decryption_error(
 ) -> None:
     """A view whose cached summary was cut short raises DecryptionError, not ValueError."""
     store = stores(k1)
-    await store.append_many("s", [{"role": "user", "content": f"turn {i}: go"} for i in range(12)])
+    await store.append_many("s", [deploy_turn(i) for i in range(12)])
     assert (await store.summarize("s", LocalSummarizer())).status == "committed"
-    await raw_redis.hset(store.keys("s").view, "text", MAGIC + b"\x02k1short")
+    await raw_redis.hset(store.keys("s").view, "l1", MAGIC + b"\x02k1short")
     with pytest.raises(DecryptionError):
-        await store.view("s", token_budget=100_000)
+        await store.view("s", token_budget=600)

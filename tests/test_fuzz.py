@@ -429,8 +429,8 @@ class Session:
 
         Any other exception fails the test. An invalid id must be an
         InvalidIdError. ``rewrite``: the call takes the session's lease, and
-        every acquisition grows the fencing number in meta (by design), so
-        that one field may change.
+        every acquisition grows the fencing number in meta (by design) and
+        its release is recorded there, so those fields may change.
 
         Returns:
             The call's result, or a :class:`Refused`.
@@ -453,6 +453,8 @@ class Session:
             fence_before = int(meta_before.pop(b"fence", 0))
             fence_after = int(meta_after.pop(b"fence", 0))
             assert fence_after >= fence_before
+            meta_before.pop(b"released", None)  # the last lease given back (lease_release.lua)
+            meta_after.pop(b"released", None)
             assert meta_after == meta_before
             assert {k: v for k, v in dumps_after.items() if k != meta} == {
                 k: v for k, v in dumps_before.items() if k != meta
@@ -685,7 +687,12 @@ async def test_session_calls_take_anything(
         if not isinstance(deleted, Refused):
             assert deleted == bool(s.seeded)
             dumps, _ = await s.snapshot()
+            # Nothing is left but the tombstone, which expires (it keeps seq and epoch
+            # going), and the idempotency records (the delete's own reply among them).
+            tomb = dumps.pop(fuzz_store.keys(s.id).gone)[1]
+            assert dumps.pop(fuzz_store.keys(s.id).idem)[1] == "expiring"
             assert {state for _, state in dumps.values()} == {"missing"}
+            assert tomb == ("expiring" if s.seeded else "missing")
         else:
             assert not s.valid, f"delete refused: {deleted.error!r}"
     elif method == "view":

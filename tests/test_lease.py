@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS
+from helpers import USER
 from redis.asyncio import Redis
 
 from ctxstore import ContextStore, LeaseHeldError, LeaseLostError, Settings
@@ -15,8 +16,6 @@ from ctxstore._scripts import SCRIPTS
 from ctxstore.testing import ManualClock
 
 pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
-
-USER = {"role": "user", "content": "hello"}
 
 
 @pytest.fixture

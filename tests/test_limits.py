@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from helpers import USER
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
@@ -30,7 +31,6 @@ from ctxstore import (
     count_message,
 )
 
-USER = {"role": "user", "content": "hello"}
 _EMPTY_USER = len(b'{"role":"user","content":""}')
 
 Snapshot = dict[str, tuple[bytes | None, str]]
@@ -294,8 +294,8 @@ async def test_replace_is_held_to_the_session_quota(
     """A replace whose new history is over the quota is refused and leaves the old one as it was.
 
     The replace takes the session's lease to write, and every acquisition
-    bumps the fencing number in meta (by design: it only grows); nothing
-    else may change.
+    bumps the fencing number in meta (by design: it only grows), which then
+    records the lease's release; nothing else may change.
     """
     old = [sized(100, "ab "), sized(100, "cd ")]
     measure = size if quota == "session_bytes" else tokens
@@ -318,6 +318,7 @@ async def test_replace_is_held_to_the_session_quota(
     meta_after = await meta_fields(raw_redis, writer, "s")
     meta_after.pop(b"fence")
     meta_before.pop(b"fence", None)
+    assert meta_after.pop(b"released")  # the lease given back, for a retried release
     assert meta_after == meta_before
     # The quota holds the new history alone: the old one it supersedes does not count.
     await writer.replace("s", old[::-1])

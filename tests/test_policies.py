@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
+from helpers import an_call, an_result, assistant, oa_call, oa_result, paired, system, user
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxstore import count_message
 from ctxstore.policies import (
     ENTRY_PLACEHOLDER,
     Entry,
@@ -25,6 +29,11 @@ from ctxstore.policies import (
     plan_view,
     result_ids,
 )
+from ctxstore.testing import WordCounter, orphans
+from ctxstore.view import Anchor, Shape, SummaryLevel, plan_anchored
+
+COUNT = partial(count_message, WordCounter())
+"""Counts a message as sent, for plans that count what a repair or a preview changed."""
 
 # -- builders ------------------------------------------------------------------
 
@@ -32,47 +41,6 @@ from ctxstore.policies import (
 def eid(n: int) -> str:
     """The n-th entry id; they cross a digit boundary (999 -> 1000) on purpose."""
     return f"{995 + n}-{n % 2}"
-
-
-def system(text: str = "be careful") -> dict[str, Any]:
-    return {"role": "system", "content": text}
-
-
-def user(text: str = "hi") -> dict[str, Any]:
-    return {"role": "user", "content": text}
-
-
-def assistant(text: str = "ok") -> dict[str, Any]:
-    return {"role": "assistant", "content": text}
-
-
-def oa_call(*ids: str, text: str | None = None) -> dict[str, Any]:
-    """An OpenAI-style assistant message calling tools ``ids`` in parallel."""
-    calls = [
-        {"id": c, "type": "function", "function": {"name": "read", "arguments": "{}"}} for c in ids
-    ]
-    return {"role": "assistant", "content": text, "tool_calls": calls}
-
-
-def oa_result(cid: str, text: str = "result") -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": cid, "content": text}
-
-
-def an_call(*ids: str, text: str | None = None) -> dict[str, Any]:
-    """An Anthropic-style assistant message with ``tool_use`` blocks ``ids``."""
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
-    blocks += [{"type": "tool_use", "id": c, "name": "read", "input": {}} for c in ids]
-    return {"role": "assistant", "content": blocks}
-
-
-def an_result(*ids: str, text: str | None = None) -> dict[str, Any]:
-    """An Anthropic-style user message with ``tool_result`` blocks for ``ids``."""
-    blocks: list[dict[str, Any]] = [
-        {"type": "tool_result", "tool_use_id": c, "content": "result"} for c in ids
-    ]
-    if text:
-        blocks.append({"type": "text", "text": text})
-    return {"role": "user", "content": blocks}
 
 
 def entries(*messages: dict[str, Any], tokens: int = 10) -> list[Entry]:
@@ -558,6 +526,202 @@ def test_plan_view_does_not_mutate_its_inputs() -> None:
     assert tail == before
 
 
+# -- plan_view: one call id, one answer; one answering message, one caller ------
+
+
+@pytest.mark.parametrize("make", [oa_call, an_call], ids=["openai", "anthropic"])
+def test_a_call_message_appended_twice_is_answered_once(make: Any) -> None:
+    """The same call id made by two messages: the one nearest its result is sent, once."""
+    call = make("c1")
+    plan = plan_view([], None, entries(user("go"), call, call, oa_result("c1")), budget=100)
+    assert plan.messages == [user("go"), call, oa_result("c1")]
+    assert plan.kept_ids == [eid(0), eid(2), eid(3)]
+    assert plan.repairs == ["dropped repeated call c1"]
+    assert plan.dropped == 1
+    assert paired(plan.messages) == 1
+
+
+def test_a_repeated_call_keeps_its_text() -> None:
+    """A repeated call is cut from its message; the message's text is still sent."""
+    first, again = oa_call("c1", text="let me look"), oa_call("c1", text="looking again")
+    plan = plan_view([], None, entries(first, again, oa_result("c1")), budget=100)
+    assert plan.messages == [
+        {"role": "assistant", "content": "let me look"},
+        again,
+        oa_result("c1"),
+    ]
+    assert plan.repairs == ["dropped repeated call c1"]
+
+
+def test_a_call_id_reused_after_its_exchange_is_sent_once() -> None:
+    """An id answered already and made again: the later call and its result go, reported."""
+    history = entries(oa_call("c1"), oa_result("c1", "one"), oa_call("c1"), oa_result("c1", "two"))
+    plan = plan_view([], None, history, budget=100)
+    assert plan.messages == [oa_call("c1"), oa_result("c1", "one")]
+    assert plan.repairs == ["dropped duplicate result c1", "dropped repeated call c1"]
+    assert plan.tokens == 20
+    assert paired(plan.messages) == 1
+
+
+def test_a_result_message_answering_two_calling_messages_follows_the_nearest() -> None:
+    """tool_use c1, tool_use c2, one message answering both: it keeps c2's result, after c2."""
+    first, second = an_call("c1", text="first"), an_call("c2")
+    plan = plan_view([], None, entries(first, second, an_result("c1", "c2")), budget=100)
+    assert plan.messages == [
+        {"role": "assistant", "content": [{"type": "text", "text": "first"}]},
+        second,
+        an_result("c2"),
+    ]
+    assert plan.repairs == [
+        "dropped result c1 of a message answering two calling messages",
+        "dropped unanswered call c1",
+    ]
+    assert paired(plan.messages) == 1
+
+
+def test_the_other_callers_call_is_answered_by_a_later_message() -> None:
+    """A result cut from a message answering two callers leaves its call to a later answer."""
+    history = entries(an_call("c1"), an_call("c2"), an_result("c1", "c2"), oa_result("c1"))
+    plan = plan_view([], None, history, budget=100)
+    assert plan.messages == [an_call("c1"), oa_result("c1"), an_call("c2"), an_result("c2")]
+    assert plan.repairs == ["dropped result c1 of a message answering two calling messages"]
+    assert paired(plan.messages) == 2
+
+
+def test_a_message_answering_two_callers_stored_before_both_follows_the_first() -> None:
+    """Pods raced: results before both calls are moved after the nearest caller, the rest cut."""
+    history = entries(user("go"), an_result("c1", "c2"), an_call("c1"), an_call("c2"))
+    plan = plan_view([], None, history, budget=100)
+    assert plan.messages == [user("go"), an_call("c1"), an_result("c1")]
+    assert plan.repairs == [
+        "dropped result c2 of a message answering two calling messages",
+        "dropped unanswered call c2",
+        "moved result c1 after its call",
+    ]
+    assert paired(plan.messages) == 1
+
+
+def test_a_result_block_repeated_in_one_message_is_sent_once() -> None:
+    """Two tool_result blocks for one call in one message: the first stays."""
+    double = {"role": "user", "content": an_result("c1")["content"] * 2}
+    plan = plan_view([], None, entries(an_call("c1"), double), budget=100)
+    assert plan.messages == [an_call("c1"), an_result("c1")]
+    assert plan.repairs == ["dropped duplicate result c1"]
+
+
+# -- plan_view: tokens counted as sent ----------------------------------------
+
+
+def test_a_stripped_message_is_counted_as_sent() -> None:
+    """With a count, a message a repair stripped costs its count, not its stored size."""
+    call = an_call("c1", "c2", text="reading")
+    history = [Entry.of(eid(0), user("go"), 7), Entry.of(eid(1), call, 40)]
+    history.append(Entry.of(eid(2), an_result("c1"), 9))
+    plan = plan_view([], None, history, budget=100, count=COUNT)
+    assert plan.repairs == ["dropped unanswered call c2"]
+    assert plan.tokens == 7 + COUNT(plan.messages[1]) + 9 < 7 + 40 + 9
+
+
+def test_a_preview_is_counted_with_its_entry_id_filled_in() -> None:
+    """With a count, a preview costs what it counts as sent, its placeholder replaced."""
+    preview = oa_result("c1", f"cut; the full text is entry {ENTRY_PLACEHOLDER}")
+    big = Entry.of(eid(1), oa_result("c1", "x " * 400), 400, preview=preview, preview_tokens=99)
+    plan = plan_view([], None, [Entry.of(eid(0), oa_call("c1"), 10), big], budget=120, count=COUNT)
+    assert plan.offloaded == [eid(1)]
+    assert plan.tokens == 10 + COUNT(plan.messages[1])
+    assert COUNT(plan.messages[1]) != 99
+
+
+def test_the_preview_is_charged_as_sent_when_it_is_chosen() -> None:
+    """A preview that counts more than stored is charged as sent: an older message gives way."""
+    preview = oa_result("c1", "a preview " * 10)
+    big = Entry.of(eid(2), oa_result("c1", "x " * 400), 400, preview=preview, preview_tokens=5)
+    sent_size = COUNT(preview)
+    history = [Entry.of(eid(0), user("old"), 10), Entry.of(eid(1), oa_call("c1"), 10), big]
+    budget = 10 + 10 + sent_size  # holds everything at the stored size, not as sent
+    plan = plan_view([], None, history, budget=budget - 1, count=COUNT)
+    assert plan.kept_ids == [eid(1), eid(2)]
+    assert plan.tokens == 10 + sent_size <= budget - 1
+
+
+def test_a_repair_that_grows_a_message_never_breaks_the_budget() -> None:
+    """Should a stripped message count more than charged, older exchanges give way."""
+    history = entries(user("old"), user("mid"), oa_call("c1", text="x"))
+
+    def count(message: dict[str, Any]) -> int:
+        return 25  # more than the 10 the stripped call was charged
+
+    plan = plan_view([], None, history, budget=35, count=count)
+    assert plan.messages == [user("mid"), {"role": "assistant", "content": "x"}]
+    assert plan.tokens == 35
+    assert plan.dropped == 1
+    assert not plan.over_budget
+
+
+def test_a_pinned_message_that_grows_when_stripped_is_over_budget_alone() -> None:
+    """Nothing else sent, a protected message counted past the budget sets over_budget."""
+    pinned = Entry.of(eid(0), oa_call("c1", text="x"), 10, kind="p")
+
+    def count(message: dict[str, Any]) -> int:
+        return 50
+
+    plan = plan_view([pinned], None, entries(), budget=30, count=count)
+    assert plan.over_budget
+    assert plan.messages == [{"role": "assistant", "content": "x"}]
+    assert plan.tokens == 50
+
+
+# -- plan_anchored: the budget holds --------------------------------------------
+
+
+def test_a_step_swaps_in_no_summary_that_does_not_fit_beside_the_protected() -> None:
+    """A summary within its share, but too large beside the pinned entries, is not sent."""
+    pinned = [Entry.of(eid(0), user("pin"), 90, kind="p")]
+    raw = [Entry.of(eid(i), user(f"u{i}"), 10) for i in range(1, 8)]
+    level = SummaryLevel(SummaryText(user("so far"), 30, eid(0)), 1)
+    plan, anchor = plan_anchored(
+        pinned,
+        raw,
+        100,
+        anchor=None,
+        levels=[level],
+        complete=False,
+        shape=Shape(),
+        epoch=0,
+        stamp="a",
+    )
+    assert plan is not None and anchor is not None
+    assert anchor.summary is None and not plan.summary_used
+    assert plan.kept_ids == [eid(0), eid(7)]
+    assert plan.tokens == 100
+
+
+def test_an_anchored_view_gives_way_should_a_repair_grow_a_message() -> None:
+    """On a held anchor, a stripped message counted past its charge pushes the oldest out."""
+    raw = entries(user("old"), user("mid"), oa_call("c1", text="x"))
+    held = Anchor(epoch=0, start=eid(0), summary=None, level=0, stamp="a")
+
+    def count(message: dict[str, Any]) -> int:
+        return 25  # more than the 10 the stripped call was charged
+
+    plan, moved = plan_anchored(
+        [],
+        raw,
+        35,
+        anchor=held,
+        levels=None,
+        complete=True,
+        shape=Shape(),
+        epoch=0,
+        stamp="b",
+        count=count,
+    )
+    assert plan is not None and moved is None
+    assert plan.messages == [user("mid"), {"role": "assistant", "content": "x"}]
+    assert plan.tokens == 35
+    assert plan.repairs == ["dropped unanswered call c1"]
+
+
 # -- known defects -------------------------------------------------------------
 
 
@@ -633,13 +797,18 @@ def _preview_of(message: dict[str, Any]) -> dict[str, Any]:
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> Scenario:
-    """Random conversations, tool calls in both styles, interleaved, missing or doubled."""
+    """Random conversations, tool calls in both styles, interleaved, missing or doubled.
+
+    Now and then a calling message is appended again (its call ids made twice),
+    or one message answers calls of two calling messages.
+    """
     ids = _Ids(draw(st.sampled_from([0, 997, 99_998])))
     small = st.integers(0, 30)
     messages: list[tuple[dict[str, Any], str]] = []  # (message, kind)
     for i in range(draw(st.integers(0, 2))):
         messages.append((system(f"rule {i}"), "s"))
     pending: list[dict[str, Any]] = []  # result messages not yet appended
+    made: list[dict[str, Any]] = []  # the calling messages so far
     calls = 0
 
     def new_call() -> str:
@@ -651,12 +820,20 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         action = draw(
             st.sampled_from(
                 ["user", "assistant", "openai", "anthropic", "openai", "anthropic", "flush"] * 2
-                + ["system", "orphan"]
+                + ["system", "orphan", "again", "joint"]
             )
         )
-        if action == "flush" and pending:
+        if action == "again" and made:  # appended twice (a retry under a new key, say)
+            messages.append((made[draw(st.integers(0, len(made) - 1))], ""))
+        elif action == "joint" and len(made) > 1:  # one message answering two callers
+            pair = draw(
+                st.lists(st.integers(0, len(made) - 1), min_size=2, max_size=2, unique=True)
+            )
+            both = [draw(st.sampled_from(call_ids(made[i]))) for i in pair]
+            messages.append((an_result(*both), ""))
+        elif action == "flush" and pending:
             messages.append((pending.pop(draw(st.integers(0, len(pending) - 1))), ""))
-        elif action in ("user", "flush"):
+        elif action in ("user", "flush", "again", "joint"):
             messages.append((user(f"u{len(messages)}"), ""))
         elif action == "assistant":
             messages.append((assistant(f"a{len(messages)}"), ""))
@@ -669,12 +846,14 @@ def scenarios(draw: st.DrawFn) -> Scenario:
             cids = [new_call() for _ in range(draw(st.integers(1, 3)))]
             results = []
             if action == "openai":
-                messages.append((oa_call(*cids, text=draw(st.sampled_from([None, "", "hm"]))), ""))
+                made.append(oa_call(*cids, text=draw(st.sampled_from([None, "", "hm"]))))
+                messages.append((made[-1], ""))
                 for cid in cids:
                     copies = draw(st.sampled_from([1, 1, 1, 0, 2]))  # in flight, duplicated
                     results += [oa_result(cid, f"r{n}") for n in range(copies)]
             else:
-                messages.append((an_call(*cids, text=draw(st.sampled_from([None, "hm"]))), ""))
+                made.append(an_call(*cids, text=draw(st.sampled_from([None, "hm"]))))
+                messages.append((made[-1], ""))
                 answered = [c for c in cids if draw(st.integers(0, 4)) != 2]  # else in flight
                 split = draw(st.integers(0, len(answered)))
                 for part in (answered[:split], answered[split:]):
@@ -733,9 +912,11 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     return Scenario(history, protected, summary, tail, budget, complete)
 
 
-def _plan(sc: Scenario) -> tuple[ViewPlan, dict[str, Entry]]:
-    """The plan of a scenario, and its entries by id."""
-    plan = plan_view(sc.protected, sc.summary, sc.tail, sc.budget, complete=sc.complete)
+def _plan(sc: Scenario, count: Any = None) -> tuple[ViewPlan, dict[str, Entry]]:
+    """The plan of a scenario (with ``count``, if given), and its entries by id."""
+    plan = plan_view(
+        sc.protected, sc.summary, sc.tail, sc.budget, complete=sc.complete, count=count
+    )
     return plan, {e.entry_id: e for e in sc.history}
 
 
@@ -883,17 +1064,29 @@ def test_property_plain_messages_kept_are_the_newest(sc: Scenario) -> None:
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_property_exchanges_kept_or_dropped_whole(sc: Scenario) -> None:
-    """A tail exchange (call and results all unprotected) is sent whole or not at all."""
+    """A tail exchange (call and results all unprotected) is sent whole or not at all.
+
+    Not an exchange a repair must split: one whose call ids another message
+    makes too, or answered by a message that answers another caller as well.
+    """
     plan, _ = _plan(sc)
     kept = set(plan.kept_ids)
     tail_ids = {e.entry_id for e in sc.tail}
+    makers: defaultdict[str, set[str]] = defaultdict(set)
+    for entry in sc.history:
+        for cid in call_ids(entry.message):
+            makers[cid].add(entry.entry_id)
     for entry in sc.history:
         made = set(call_ids(entry.message))
         if not made or entry.kind or entry.entry_id not in tail_ids:
             continue
+        if any(makers[cid] != {entry.entry_id} for cid in made):
+            continue  # its ids are made twice
         answers = [e for e in sc.history if made & set(result_ids(e.message))]
         if any(e.kind or e.entry_id not in tail_ids for e in answers):
             continue
+        if any(makers[r] - {entry.entry_id} for e in answers for r in result_ids(e.message)):
+            continue  # one of its answers answers another caller too
         first: dict[str, str] = {}
         for e in answers:
             for r in result_ids(e.message):
@@ -951,3 +1144,31 @@ def test_property_previews_only_when_full_does_not_fit(sc: Scenario) -> None:
         if entry_id not in protected_ids:
             entry = originals[entry_id]
             assert charged + entry.tokens - entry.preview_tokens > sc.budget
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_property_with_a_count_tokens_are_what_is_sent_and_fit(sc: Scenario) -> None:
+    """With a count, plan.tokens is exactly what is sent, and within the budget unless over.
+
+    The entries' stored sizes here are random, not their counts: a stripped
+    message can count more than it was charged, and the budget still holds.
+    """
+    plan, originals = _plan(sc, COUNT)
+    expected = 0
+    for slot, message in zip(_slots(plan, sc.summary), plan.messages, strict=True):
+        if slot is None:
+            assert sc.summary is not None
+            expected += sc.summary.tokens
+        elif slot not in plan.offloaded and message == originals[slot].message:
+            expected += originals[slot].tokens  # sent as stored
+        else:
+            expected += COUNT(message)  # a preview, or stripped by a repair
+    assert plan.tokens == expected
+    if plan.over_budget:
+        assert set(plan.kept_ids) <= {e.entry_id for e in sc.protected}
+        assert not plan.summary_used
+    else:
+        assert plan.tokens <= sc.budget
+    assert orphans(plan.messages) == 0
+    paired(plan.messages)

@@ -26,6 +26,7 @@ from ctxstore import (
 )
 from ctxstore._scripts import SCRIPTS
 from ctxstore.embedded import redis_server_binary
+from ctxstore.jobs import SummaryQueue
 from ctxstore.testing import FakeSummarizer, ManualClock
 
 # The commands scripts run that name no key (COMMAND GETKEYS refuses them). Any other
@@ -112,7 +113,9 @@ async def workload(url: str) -> None:
         pinned = await store.append("s", {"role": "user", "content": "the task"}, pinned=True)
         await store.pin("s", pinned.entry_id, pinned=False)
         await store.pin("s", pinned.entry_id)
-        await store.view("s", token_budget=300)
+        view = await store.view("s", token_budget=300, model="claude-x")
+        await store.record_usage(view, view.stats.tokens + 20, model="claude-x")
+        await store.record_overflow(model="claude-x")
         await store.summarize("s", LocalSummarizer())  # commit
         await store.summarize("s", LocalSummarizer())  # idle
         await store.request_summary("s", force=True)
@@ -122,12 +125,20 @@ async def workload(url: str) -> None:
         await lease.renew()
         await lease.release()
         await store.replace("s", conversation(2))
+        assert (await store.pop("s")) is not None
         await store.clear("s")
         await store.set_ttl("s", 100)
         await store.append_many("t", conversation(3))
         await store.delete("t")
         await store.forget_tenant()
     assert queued  # the trigger fired
+    queue = await SummaryQueue.connect(settings)
+    try:
+        assert await queue.enqueue("acme", "s", 1)
+        assert not await queue.enqueue("acme", "s", 1)  # one job per generation
+        await queue.forget("acme", "s", 1)
+    finally:
+        await queue.aclose()
     # A listed session whose keys are gone (expired) is taken out of the index by the
     # next listing, once idle for longer than the TTL: a manual clock moves past it.
     clock = ManualClock()

@@ -6,7 +6,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 import ctxstore.embedded
 from ctxstore import ConfigurationError, EmbeddedRedis, Settings
@@ -41,9 +40,20 @@ def test_from_url() -> None:
     ],
 )
 def test_invalid_settings_are_refused(field: str, value: object) -> None:
-    """Values that cannot work are refused at construction."""
-    with pytest.raises(ValidationError):
-        Settings(**{field: value})  # type: ignore[arg-type]
+    """Values that cannot work are refused at construction, naming the variable to fix."""
+    with pytest.raises(ConfigurationError, match=f"CTXSTORE_{field.upper()}"):
+        Settings(**{field: value})
+
+
+def test_a_bad_environment_variable_is_named_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad CTXSTORE_* value raises ConfigurationError naming the variable, not its value."""
+    monkeypatch.setenv("CTXSTORE_RETRY_ATTEMPTS", "lots-secret")
+    monkeypatch.setenv("CTXSTORE_REDIS_URL", "redis://example:6379/0")
+    with pytest.raises(ConfigurationError) as refused:
+        Settings()
+    assert "CTXSTORE_RETRY_ATTEMPTS" in str(refused.value)
+    assert "lots-secret" not in str(refused.value)
+    assert isinstance(refused.value, ValueError)  # as pydantic's error was
 
 
 # With no Redis URL configured, the store runs an embedded Redis (ctxstore.embedded).

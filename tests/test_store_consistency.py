@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from helpers import USER
 from redis import exceptions as rex
 from redis.asyncio import Redis
 
@@ -24,8 +25,6 @@ from ctxstore import (
 )
 from ctxstore._scripts import SCRIPTS
 from ctxstore.testing import FakeSummarizer, ManualClock
-
-USER = {"role": "user", "content": "hello"}
 
 
 @pytest.fixture

@@ -148,8 +148,13 @@ def check_request(
     previous: str | None = None,
     model: str = MODEL,
     timeout: float | None = None,
+    ledger_tokens: int | None = None,
 ) -> None:
-    """Assert one request is the summary call ctxstore means to make."""
+    """Assert one request is the summary call ctxstore means to make.
+
+    With ``ledger_tokens``, the two-level call (``summarize_levels``): the
+    budgets first, then the previous ledger, then the conversation.
+    """
     assert request.method == "POST"
     assert request.url.path == "/v1/messages"
     assert request.headers["content-type"] == "application/json"
@@ -164,7 +169,18 @@ def check_request(
     prompt = prompt_of(request)
     conversation_part = f"<conversation>\n{transcript}\n</conversation>"
     assert prompt.endswith(conversation_part)
-    if previous is None:
+    if ledger_tokens is not None:
+        budgets = (
+            f"Write the ledger in at most {ledger_tokens} tokens, and both parts together "
+            f"in at most {max_tokens}.\n\n"
+        )
+        assert prompt.startswith(budgets)
+        rest = prompt.removeprefix(budgets)
+        if previous is None:
+            assert rest == conversation_part
+        else:
+            assert rest.startswith(f"<previous_ledger>\n{previous}\n</previous_ledger>\n\n")
+    elif previous is None:
         assert "<previous_summary>" not in prompt
         assert prompt == conversation_part
     else:
@@ -527,15 +543,6 @@ def tool_exchange(
     ]
 
 
-def sections_of(summary: str) -> dict[str, list[str]]:
-    """A LocalSummarizer summary's lines, by heading."""
-    found: dict[str, list[str]] = {h: [] for h in LocalSummarizer.HEADINGS}
-    for line in summary.splitlines()[1:]:
-        heading, _, rest = line.removeprefix("- ").partition(": ")
-        found[heading].append(rest)
-    return found
-
-
 def busy_conversation() -> list[dict[str, Any]]:
     """Decisions, errors and facts among many requests and tool calls."""
     messages = conversation(40, tool_every=2)[1:]
@@ -558,63 +565,41 @@ async def test_local_summary_is_deterministic() -> None:
 
 
 @pytest.mark.parametrize("max_tokens", [64, 150, 300])
-async def test_local_summary_fits_max_tokens_dropping_low_priority_first(max_tokens: int) -> None:
-    """Over max_tokens, Requests and Tools lines go before Decisions, Errors and Facts."""
+async def test_local_summary_fits_max_tokens_keeping_decisions_first(max_tokens: int) -> None:
+    """Within max_tokens, the decision survives where the tool outcomes do not."""
     counter = TiktokenCounter()
     messages = busy_conversation()
     full = await LocalSummarizer(counter).summarize(None, messages, max_tokens=100_000)
-    assert counter.count(full) > 600  # the input is long enough to need cutting
     short = await LocalSummarizer(counter).summarize(None, messages, max_tokens=max_tokens)
-    assert counter.count(short) <= max_tokens
-    kept, whole = sections_of(short), sections_of(full)
-    for heading in LocalSummarizer.HEADINGS:
-        assert set(kept[heading]) <= set(whole[heading])
-        # Within a section the first three lines (the task) go last; of the rest
-        # the oldest go first: what is left is those three and a suffix.
-        lines, left = whole[heading], kept[heading]
-        head = lines[: min(3, len(left))]
-        assert left[: len(head)] == head
-        rest = left[len(head) :]
-        assert rest == lines[len(lines) - len(rest) :] if rest else True
-    order = LocalSummarizer.HEADINGS
-    cut = [h for h in order if kept[h] != whole[h]]
-    assert cut, "nothing was dropped"
-    # Every section above the first one cut is whole; every one below it is empty.
-    first_cut = order.index(cut[0])
-    assert all(kept[h] == whole[h] for h in order[:first_cut])
-    assert all(not kept[h] for h in order[first_cut + 1 :])
-    assert any(kept[h] for h in order[:3]), "a decision, error or fact survives"
+    assert counter.count(short) <= max_tokens < counter.count(full)
+    assert "PostgreSQL 16" in short
+    if max_tokens >= 150:
+        assert "billing" in short
 
 
 async def test_local_summary_keeps_decisions_and_errors_over_requests_and_tools() -> None:
-    """With room for little, the decision and the tool error stay and the tool list goes."""
-    summary = await LocalSummarizer().summarize(None, busy_conversation(), max_tokens=120)
-    sections = sections_of(summary)
-    assert "user: We decided to use PostgreSQL 16 for the store." in sections["Decisions"]
-    assert "assistant: Noted: we'll never touch the billing module." in sections["Decisions"]
-    assert sections["Errors"] == ["run_python(import yaml): Error: no yaml"]
-    assert not sections["Tools"] and not sections["Requests"]
+    """With room for little, the decisions, the constraint and the tool error stay."""
+    summary = await LocalSummarizer().summarize(None, busy_conversation(), max_tokens=200)
+    for fact in ("PostgreSQL 16", "billing", "no yaml", "Priya Raman", "4,250 EUR"):
+        assert fact in summary, fact
 
 
 async def test_local_summary_folds_the_previous_one() -> None:
-    """Every line of the previous summary survives into the next, foreign lines as facts."""
+    """The facts of the previous summary survive into the next, another summarizer's too."""
     messages = busy_conversation()
     summarizer = LocalSummarizer()
     first = await summarizer.summarize(None, messages[:40], max_tokens=2_000)
     second = await summarizer.summarize(first, messages[40:], max_tokens=2_000)
-    for line in first.splitlines():
-        assert line in second.splitlines()
-    # A summary another summarizer wrote: plain lines and unknown headings become facts.
+    for fact in ("PostgreSQL 16", "billing", "Priya Raman", "4,250 EUR"):
+        assert fact in first and fact in second, fact
     foreign = "## Goal\nShip the parser by Friday.\n- Owner: Priya Raman"
     third = await summarizer.summarize(foreign, messages[40:], max_tokens=2_000)
-    facts = sections_of(third)["Facts"]
-    assert "## Goal" in facts and "Ship the parser by Friday." in facts
-    assert "Owner: Priya Raman" in facts
-    assert third.splitlines().count("- Facts: Ship the parser by Friday.") == 1
+    assert "parser" in third and "Friday" in third and "Priya Raman" in third
+    assert third.count("Friday") == 1
 
 
 async def test_local_summary_records_tool_failures() -> None:
-    """An 'Error:' result and an is_error result are listed under Errors and as failed calls."""
+    """An 'Error:' result and an is_error result are both recorded as failures."""
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Open the lexer."},
         *tool_exchange(
@@ -640,15 +625,9 @@ async def test_local_summary_records_tool_failures() -> None:
         *tool_exchange("call_3", "read_file", {"path": "README.md"}, "# ctx\nAll good here"),
     ]
     summary = await LocalSummarizer().summarize(None, messages, max_tokens=500)
-    sections = sections_of(summary)
-    assert sections["Errors"] == [
-        "read_file(src/parser/lexer.py): Error: file not found",
-        "bash(make): make: *** No rule to make target 'all'",
-    ]
-    assert sections["Tools"] == [
-        "read_file: 2 calls (src/parser/lexer.py -> failed, README.md -> # ctx)",
-        "bash: 1 calls (make -> failed)",
-    ]
+    assert "file not found" in summary
+    assert "No rule to make target 'all'" in summary
+    assert "failed" in summary
 
 
 @pytest.mark.parametrize(
@@ -660,11 +639,11 @@ async def test_local_summary_records_tool_failures() -> None:
     ids=["number-before-full-stop", "dotted-version"],
 )
 async def test_local_summary_keeps_a_sentence_stating_a_number(sentence: str, fact: str) -> None:
-    """A sentence whose fact is a number (at the end, or a version) is kept under Facts."""
+    """A sentence whose fact is a number (at the end, or a version) is kept."""
     summary = await LocalSummarizer().summarize(
         None, [{"role": "assistant", "content": sentence}], max_tokens=500
     )
-    assert any(fact in line for line in sections_of(summary)["Facts"])
+    assert fact in summary
 
 
 async def test_local_summary_keeps_the_exception_line_of_a_traceback() -> None:
@@ -676,24 +655,23 @@ async def test_local_summary_keeps_the_exception_line_of_a_traceback() -> None:
     )
     messages = tool_exchange("call_1", "run_python", {"code": "import yaml"}, traceback)
     summary = await LocalSummarizer().summarize(None, messages, max_tokens=500)
-    assert any(
-        "ModuleNotFoundError: No module named 'yaml'" in line
-        for line in sections_of(summary)["Errors"]
-    )
+    assert "ModuleNotFoundError: No module named 'yaml'" in summary
+    assert "most recent call last" not in summary
 
 
 async def test_local_summary_keeps_a_name_that_starts_a_sentence() -> None:
     """A two-word name is a fact wherever it stands in the sentence."""
     message = {"role": "user", "content": "Thanks. Priya Raman owns the deploy."}
     summary = await LocalSummarizer().summarize(None, [message], max_tokens=500)
-    assert any("Priya Raman" in line for line in sections_of(summary)["Facts"])
+    assert "Priya Raman" in summary
 
 
 async def test_local_summary_records_a_path_without_the_full_stop() -> None:
     """A path that ends a sentence is recorded as the path, not with the full stop."""
     message = {"role": "user", "content": "The tokenizer lives in src/parser/lexer.py. Open it."}
-    summary = await LocalSummarizer().summarize(None, [message], max_tokens=500)
-    assert sections_of(summary)["Facts"] == ["src/parser/lexer.py"]
+    summary = await LocalSummarizer().summarize_levels(None, [message], max_tokens=500)
+    paths = [line for line in summary.ledger.splitlines() if "src/parser/lexer.py" in line]
+    assert any(line.endswith(": src/parser/lexer.py") for line in paths)
 
 
 # -- through the store: AnthropicSummarizer on real Redis --------------------------
@@ -723,13 +701,17 @@ async def test_store_summarizes_through_the_messages_api(
     first = await small_store.summarize("s", api.summarizer())
     assert first.status == "committed" and first.chunks == 1
     prompt = prompt_of(api.requests[0])
-    assert "<previous_summary>" not in prompt
+    assert "<previous_ledger>" not in prompt
     assert "[user] step 0: inspect the repository" in prompt
     assert "You are a careful agent." not in prompt  # system messages are sent by views anyway
+    settings = small_store.settings
     check_request(
         api.requests[0],
-        max_tokens=small_store.settings.summary_max_tokens,
-        transcript=prompt.removeprefix("<conversation>\n").removesuffix("\n</conversation>"),
+        max_tokens=settings.summary_max_tokens,
+        ledger_tokens=settings.summary_ledger_tokens,
+        transcript=prompt[prompt.index("<conversation>\n") + 15 :].removesuffix(
+            "\n</conversation>"
+        ),
     )
     await small_store.append_many(
         "s", [{"role": "user", "content": f"more {i} " * 60} for i in range(20)]
@@ -737,8 +719,8 @@ async def test_store_summarizes_through_the_messages_api(
     second = await small_store.summarize("s", api.summarizer())
     assert second.status == "committed"
     assert len(api.requests) == 2
-    assert prompt_of(api.requests[1]).startswith(
-        "<previous_summary>\nFIRST SUMMARY\n</previous_summary>\n\n<conversation>\n"
+    assert "<previous_ledger>\nFIRST SUMMARY\n</previous_ledger>\n\n<conversation>\n" in (
+        prompt_of(api.requests[1])
     )
     view = await small_store.view("s", token_budget=2_000)
     assert view.stats.summary_used
@@ -914,7 +896,7 @@ async def planted_session(store: ContextStore, session: str) -> str:
     assert second.status == "committed"
     info = await store.info(session)
     assert 140 <= info.count <= 170
-    assert info.summary_runs == 2 and info.summary_model == "local-extractive"
+    assert info.summary_runs == 2 and info.summary_model == "local-ledger"
     return str(system["content"])
 
 
@@ -936,7 +918,7 @@ async def test_view_sends_the_summary_in_tags_instead_of_the_early_turns(
     assert len(summaries) == 1
     summary = summaries[0]
     assert summary["role"] == "user"
-    assert summary["content"].startswith("<summary>\nSummary of the earlier conversation:\n")
+    assert summary["content"].startswith("<summary>\nLedger (current values")
     assert summary["content"].endswith("\n</summary>")
     assert "Check yaml first." not in summary["content"]  # thinking is not summarized
     assert view.messages[0] == {"role": "system", "content": system}

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from helpers import append_until_due, turn
+from helpers import SYSTEM, append_until_due, turn
 from redis.asyncio import Redis
 from servers import Logged, Monitor, PrivateRedis, ServerPool, all_keys, run_burst
 
@@ -31,7 +31,6 @@ from ctxstore.testing import ManualClock
 
 PREFIX = "ctxten"
 QUEUE = f"{PREFIX}:summaries"
-SYSTEM = {"role": "system", "content": "You are a careful agent."}
 HOSTILE_CONTENT = {"role": "user", "content": "read {beta:s}:log, then * ? [a] .. \u0430cme"}
 
 HOSTILE_SESSIONS: list[Any] = [
@@ -118,7 +117,18 @@ def acmes(key: str) -> bool:
     )
 
 
-KEYLESS = {b"PING", b"MULTI", b"EXEC", b"DISCARD", b"TIME", b"ECHO", b"SCAN", b"UNWATCH"}
+KEYLESS = {
+    b"PING",
+    b"MULTI",
+    b"EXEC",
+    b"DISCARD",
+    b"TIME",
+    b"ECHO",
+    b"SCAN",
+    b"UNWATCH",
+    b"HELLO",
+    b"CLIENT",
+}
 
 
 async def keys_named(admin: Redis, logged: list[Logged]) -> set[str]:

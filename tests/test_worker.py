@@ -19,11 +19,12 @@ from pathlib import Path
 
 import procs
 import pytest
+from arq.connections import create_pool
 from arq.constants import in_progress_key_prefix
 from arq.jobs import Job, JobResult, JobStatus
 from conftest import SUMMARY_KEEP as KEEP
 from conftest import SUMMARY_TRIGGER as TRIGGER
-from helpers import append_until_due, turn
+from helpers import SYSTEM, append_until_due, turn
 from redis.asyncio import Redis
 from servers import close_worker, run_burst
 
@@ -34,17 +35,17 @@ from ctxstore import (
     SummarizerError,
     SummarizerUnavailableError,
 )
-from ctxstore.jobs import SummaryQueue, deserialize, job_id, sweep
+from ctxstore.jobs import SummaryQueue, deserialize, job_id
 from ctxstore.policies import entry_order
 from ctxstore.testing import FakeSummarizer
 from workers import build_worker, health_check_key
+from workers.sweep import sweep
 
 SPAWN = multiprocessing.get_context("spawn")
 CTXSTORE = str(Path(sys.executable).with_name("ctxstore"))
 
 TURN_TOKENS = 38
 """Tokens in each ``helpers.turn``."""
-SYSTEM = {"role": "system", "content": "You are a careful agent."}
 KEPT = 60
 """Seconds arq keeps a job's result, where a test reads it (``result_of``)."""
 
@@ -71,14 +72,19 @@ async def queue(wsettings: Settings) -> AsyncIterator[SummaryQueue]:
 
 
 async def result_of(queue: SummaryQueue, tenant: str, session: str, gen: int) -> JobResult:
-    """Arq's kept result of one generation's job (it must have finished)."""
-    job = Job(
-        job_id(queue.settings, tenant, session, gen),
-        queue.pool,
-        _queue_name=queue.settings.queue_name,
-        _deserializer=deserialize,
-    )
-    info = await job.result_info()
+    """Arq's kept result of one generation's job (it must have finished), read with arq."""
+    settings = workers.worker.queue_redis_settings(queue.settings)
+    pool = await create_pool(settings, job_deserializer=deserialize)
+    try:
+        job = Job(
+            job_id(queue.settings, tenant, session, gen),
+            pool,
+            _queue_name=queue.settings.queue_name,
+            _deserializer=deserialize,
+        )
+        info = await job.result_info()
+    finally:
+        await pool.aclose()
     assert info is not None, f"generation {gen} has no result"
     return info
 
@@ -102,7 +108,8 @@ async def assert_summarized_view(
     """The view: system, the summary, then every entry after ``covers``.
 
     Its budget is just what those need; below the history's size unless the
-    summary is longer than what it covers.
+    summary is longer than what it covers: then the whole history fits, and
+    is sent raw instead (a view never sends a summary where the raw turns fit).
     """
     history = (await store.read(session)).messages
     after = [
@@ -115,6 +122,10 @@ async def assert_summarized_view(
     if below_history:
         assert budget < info.tokens
     view = await store.view(session, token_budget=budget)
+    if budget >= info.tokens:
+        assert not view.stats.summary_used
+        assert view.messages == [s.message for s in history]
+        return
     assert view.stats.summary_used
     assert view.stats.summary_covers == covers
     assert view.messages[0] == SYSTEM
@@ -222,10 +233,10 @@ async def test_a_separate_worker_process_commits_the_summary(
     assert await queue.status(tenant, "s", gen) == JobStatus.not_found
     info = await store.info("s")
     assert info.summary_runs == 1
-    assert info.summary_last_outcome == "commit"
+    assert info.summary_last_outcome == "committed"
     assert not info.summary_due
     assert info.summary_covers == covers
-    assert info.summary_model == "local-extractive"
+    assert info.summary_model == "local-ledger"
     # The extractive summary of these repetitive turns is longer than what it covers.
     await assert_summarized_view(store, "s", covers, below_history=False)
     assert await store.get_messages("s") == before
@@ -234,7 +245,7 @@ async def test_a_separate_worker_process_commits_the_summary(
 async def test_a_view_right_after_a_commit_queues_no_new_job(
     store: ContextStore, queue: SummaryQueue
 ) -> None:
-    """After a commit, a view that sends the summary and the whole raw tail queues nothing."""
+    """After a commit, a view whose budget holds everything sends it raw and queues nothing."""
     await store.append("s", SYSTEM)
     next_turn = await append_until_due(store, "s")
     await asyncio.wait_for(run_burst(store.settings, FakeSummarizer()), 30)
@@ -245,7 +256,8 @@ async def test_a_view_right_after_a_commit_queues_no_new_job(
 
     view = await store.view("s")  # the default budget holds everything
 
-    assert view.stats.summary_used
+    assert not view.stats.summary_used
+    assert view.messages == await store.get_messages("s")
     assert await queue.depth() == 0
     assert not (await store.info("s")).summary_due
 

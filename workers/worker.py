@@ -5,43 +5,55 @@ starts). Each worker serves every tenant: it keeps one store per tenant on
 shared connections. Its health check is its own key,
 ``<queue>:health-check:<worker name>``, refreshed every 10 seconds, which
 ``ctxstore worker --check`` (and a Kubernetes probe) reads.
+
+It logs (:mod:`workers.logs`, at ``log_level``, as ``log_format``) its start,
+one line per job try (tenant, session, generation, outcome, entries covered,
+tokens in and out, duration), each sweep, and its stop (signal, jobs done);
+never a message, a summary, a key or a password.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import signal
+import time
+from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
 import arq.worker
 from arq import Retry, Worker, cron, func
+from arq.connections import ArqRedis, RedisSettings
 from arq.connections import log_redis_info as arq_log_redis_info
 from redis.exceptions import ResponseError
 
 from ctxstore import (
+    AnthropicSummarizer,
     ContextStore,
+    CtxstoreError,
     LeaseHeldError,
+    LocalSummarizer,
     Settings,
-    SummarizerError,
     SummarizerUnavailableError,
+    SummaryOutcome,
+    SummaryStatus,
 )
-from ctxstore.jobs import (
-    JOB_FUNCTION,
-    SummaryQueue,
-    close_sentinels,
-    deserialize,
-    queue_redis_settings,
-    serialize,
-    sweep,
-)
+from ctxstore.jobs import JOB_FUNCTION, SummaryQueue, deserialize, serialize
+from ctxstore.settings import sentinel_address
 from ctxstore.summarizers import Summarizer, summarizer_from_settings
+from workers.logs import configure, error_text, mark_logged, redacted
+from workers.sweep import sweep
 
 __all__ = [
     "HEALTH_CHECK_INTERVAL",
+    "MAX_JOBS",
     "MAX_TRIES",
+    "SummaryWorker",
     "build_worker",
+    "close_sentinels",
     "health_check_key",
+    "queue_redis_settings",
     "retry_delay",
     "summarize_session",
     "sweep_sessions",
@@ -56,6 +68,47 @@ HEALTH_CHECK_INTERVAL = 10
 """Seconds between two refreshes of the worker's health-check key."""
 STARTUP_CONN_RETRIES = 5
 """A starting worker tries its queue's Redis this many more times, a second apart."""
+MAX_JOBS = 16
+"""Jobs one worker runs at once."""
+
+_RETRY = "retried"
+"""The tally's count of tries that ended in a retry (next to the SummaryStatus counts)."""
+
+
+def queue_redis_settings(settings: Settings, *, conn_retries: int = 0) -> RedisSettings:
+    """Arq's connection settings for the queue's Redis.
+
+    Args:
+        settings: ``queue_url`` (else ``redis_url``, else the embedded Redis).
+        conn_retries: How many more times arq tries to connect, a second
+            apart: a starting worker may wait for its Redis to come up.
+    """
+    url = settings.queue_url or settings.store_url()
+    sentinel = sentinel_address(url)
+    if sentinel is None:
+        redis_settings = RedisSettings.from_dsn(url)
+    else:
+        redis_settings = RedisSettings(
+            host=list(sentinel.sentinels),
+            sentinel=True,
+            sentinel_master=sentinel.master,
+            database=sentinel.db,
+            username=sentinel.username,
+            password=sentinel.password,
+        )
+    redis_settings.conn_timeout = max(1, int(settings.connect_timeout))
+    redis_settings.conn_retries = conn_retries
+    return redis_settings
+
+
+async def close_sentinels(pool: ArqRedis) -> None:
+    """Close the connections a Sentinel-found arq pool keeps to the sentinels.
+
+    Closing the pool closes its connections to the primary only.
+    """
+    manager = getattr(pool.connection_pool, "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        await sentinel.aclose()
 
 
 def health_check_key(settings: Settings) -> str:
@@ -73,11 +126,40 @@ async def startup(ctx: dict[str, Any]) -> None:
     """Open the store connections, the queue, and the summarizer."""
     settings: Settings = ctx["settings"]
     ctx["base"] = ContextStore.from_settings(settings)
-    ctx["stores"] = {}
     ctx["queue"] = await SummaryQueue.connect(settings)
     if ctx.get("summarizer") is None:
         ctx["summarizer"] = summarizer_from_settings(settings)
-    log.info("worker %s up, summarizer %s", settings.worker_name, ctx["summarizer"].name)
+    summarizer = ctx["summarizer"]
+    kind = _summarizer_kind(summarizer)
+    queue_redis = redacted(settings.queue_url or settings.store_url())
+    log.info(
+        "worker %s up: queue %s on %s, summarizer %s (%s)",
+        settings.worker_name,
+        settings.queue_name,
+        queue_redis,
+        kind,
+        summarizer.name,
+        extra={
+            "event": "start",
+            "worker": settings.worker_name,
+            "queue": settings.queue_name,
+            "queue_redis": queue_redis,
+            "store_redis": redacted(settings.store_url()),
+            "summarizer": kind,
+            "model": summarizer.name,
+            "max_jobs": MAX_JOBS,
+            "burst": ctx.get("burst", False),
+        },
+    )
+
+
+def _summarizer_kind(summarizer: Summarizer) -> str:
+    """``anthropic``, ``local``, or the class of another summarizer."""
+    if isinstance(summarizer, AnthropicSummarizer):
+        return "anthropic"
+    if isinstance(summarizer, LocalSummarizer):
+        return "local"
+    return type(summarizer).__name__
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
@@ -89,16 +171,31 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     await ctx["queue"].aclose()
     await ctx["base"].aclose()
     await close_sentinels(ctx["redis"])
+    settings: Settings = ctx["settings"]
+    tally: Counter[str] = ctx["tally"]
+    why = ctx.get("stop_signal") or ("queue empty (burst)" if ctx.get("burst") else "closed")
+    counts = {status.value: tally[status.value] for status in SummaryStatus}
+    log.info(
+        "worker %s stopped (%s): %d jobs done, %d retried",
+        settings.worker_name,
+        why,
+        sum(counts.values()),
+        tally[_RETRY],
+        extra={
+            "event": "stop",
+            "worker": settings.worker_name,
+            "reason": why,
+            "jobs": sum(counts.values()),
+            **counts,
+            "retried": tally[_RETRY],
+        },
+    )
 
 
 def store_for(ctx: dict[str, Any], tenant: str) -> ContextStore:
-    """The store of ``tenant``, on the worker's shared connections."""
-    stores: dict[str, ContextStore] = ctx["stores"]
-    if tenant not in stores:
-        if len(stores) > 10_000:
-            stores.clear()
-        stores[tenant] = ctx["base"].for_tenant(tenant)
-    return stores[tenant]
+    """The store of ``tenant``, on the worker's one shared connection."""
+    base: ContextStore = ctx["base"]
+    return base if tenant == base.tenant else base.for_tenant(tenant)
 
 
 async def summarize_session(
@@ -110,33 +207,125 @@ async def summarize_session(
     limited, overloaded or down, or while another worker or a writer holds
     the session's lease; a summarizer error that a retry cannot fix fails
     the job (and is recorded on the session, whose views keep truncating).
+    Each try logs one line: its outcome, or its error and what happens next.
     """
     store = store_for(ctx, tenant)
-    job_try = int(ctx.get("job_try", 1))
+    job = _JobLog(ctx, tenant, session, generation)
+    log.debug("job started", extra=job.fields("started"))
     try:
         outcome = await store.summarize(session, ctx["summarizer"])
     except LeaseHeldError as exc:
-        raise Retry(defer=retry_delay(job_try)) from exc
+        delay = retry_delay(job.job_try)
+        job.retrying(exc, delay, logging.INFO)
+        raise Retry(defer=delay) from exc
     except SummarizerUnavailableError as exc:
-        if job_try >= MAX_TRIES:
+        if job.job_try >= MAX_TRIES:
+            job.failed(exc)
             raise
-        log.warning("summary of %s/%s: %s; retrying", tenant, session, exc)
-        raise Retry(defer=retry_delay(job_try, exc.retry_after)) from exc
-    except SummarizerError:
-        log.exception("summary of %s/%s failed", tenant, session)
+        delay = retry_delay(job.job_try, exc.retry_after)
+        job.retrying(exc, delay, logging.WARNING)
+        raise Retry(defer=delay) from exc
+    except Exception as exc:
+        job.failed(exc)
         raise
+    job.done(outcome)
     if outcome.next_generation:
         await ctx["queue"].enqueue(tenant, session, outcome.next_generation)
-    log.info(
-        "summary of %s/%s (generation %d): %s, %d entries in %.2fs",
-        tenant,
-        session,
-        generation,
-        outcome.status,
-        outcome.entries,
-        outcome.seconds,
-    )
     return {"tenant": tenant, "session": session, "generation": generation, **asdict(outcome)}
+
+
+class _JobLog:
+    """The log lines of one try of one job, and the worker's tally of outcomes."""
+
+    def __init__(self, ctx: dict[str, Any], tenant: str, session: str, generation: int) -> None:
+        self.tally: Counter[str] = ctx["tally"]
+        self.tenant = tenant
+        self.session = session
+        self.generation = generation
+        self.job_try = int(ctx.get("job_try", 1))
+        self.started = time.monotonic()
+
+    def fields(self, outcome: str, **more: Any) -> dict[str, Any]:
+        """The fields of this try's line."""
+        return {
+            "event": "job",
+            "tenant": self.tenant,
+            "session": self.session,
+            "generation": self.generation,
+            "try": self.job_try,
+            "outcome": outcome,
+            **more,
+        }
+
+    def done(self, outcome: SummaryOutcome) -> None:
+        """The job ended: committed, idle, stale or lease_lost."""
+        self.tally[outcome.status.value] += 1
+        log.info(
+            "job %s: %s/%s, %d entries",
+            outcome.status.value,
+            self.tenant,
+            self.session,
+            outcome.entries,
+            extra=self.fields(
+                outcome.status.value,
+                entries=outcome.entries,
+                tokens_in=outcome.input_tokens,
+                tokens_out=outcome.summary_tokens,
+                chunks=outcome.chunks,
+                duration_ms=round(outcome.seconds * 1000),
+                covers=outcome.covers_upto,
+                next_generation=outcome.next_generation,
+            ),
+        )
+
+    def retrying(self, exc: CtxstoreError, delay: float, level: int) -> None:
+        """This try failed; arq runs the job again in ``delay`` seconds."""
+        self.tally[_RETRY] += 1
+        log.log(
+            level,
+            "job retry: %s/%s, %s; retrying in %.1f s (try %d of %d)",
+            self.tenant,
+            self.session,
+            type(exc).__name__,
+            delay,
+            self.job_try + 1,
+            MAX_TRIES,
+            extra=self._failure("retry", exc, retry=True, retry_in_s=round(delay, 3)),
+        )
+
+    def failed(self, exc: Exception) -> None:
+        """The job failed for good (arq does not run it again; the sweep may, later).
+
+        A ctxstore error is logged without its traceback: its type, its
+        cause's type and its text say what failed (a traceback would end in
+        the raw text of the Redis error, which may quote a command's
+        arguments). Anything else is a bug, and keeps its traceback.
+        """
+        self.tally[SummaryStatus.FAILED.value] += 1
+        bug = not isinstance(exc, CtxstoreError)
+        log.error(
+            "job failed: %s/%s, %s; not retried",
+            self.tenant,
+            self.session,
+            type(exc).__name__,
+            exc_info=exc if bug else None,
+            extra=self._failure("failed", exc, retry=False),
+        )
+        mark_logged(exc)
+
+    def _failure(self, outcome: str, exc: Exception, **more: Any) -> dict[str, Any]:
+        # Nothing was covered; what was sent before the failure is not known here.
+        return self.fields(
+            outcome,
+            entries=0,
+            tokens_in=None,
+            tokens_out=0,
+            duration_ms=round((time.monotonic() - self.started) * 1000),
+            error=type(exc).__name__,
+            cause=type(exc.__cause__).__name__ if exc.__cause__ is not None else None,
+            detail=error_text(exc),
+            **more,
+        )
 
 
 async def sweep_sessions(ctx: dict[str, Any]) -> dict[str, int]:
@@ -194,11 +383,11 @@ def worker_options(
         "queue_name": settings.queue_name,
         "on_startup": startup,
         "on_shutdown": shutdown,
-        "ctx": {"settings": settings, "summarizer": summarizer},
+        "ctx": {"settings": settings, "summarizer": summarizer, "burst": burst, "tally": Counter()},
         "burst": burst,
         "handle_signals": not burst,
         "poll_delay": 0.1 if burst else 0.5,
-        "max_jobs": 16,
+        "max_jobs": MAX_JOBS,
         "job_serializer": serialize,
         "job_deserializer": deserialize,
         "health_check_interval": HEALTH_CHECK_INTERVAL,
@@ -208,12 +397,58 @@ def worker_options(
     }
 
 
-def build_worker(settings: Settings, **options: Any) -> Worker:
-    """An arq worker for summary jobs; ``options`` as :func:`worker_options` takes them."""
+def build_worker(settings: Settings, **options: Any) -> SummaryWorker:
+    """An arq worker for summary jobs; ``options`` as :func:`worker_options` takes them.
+
+    Sets the process's log up first (:func:`workers.logs.configure`, from
+    ``settings.log_level`` and ``settings.log_format``).
+
+    Raises:
+        ConfigurationError: The log level or format is unknown.
+    """
+    configure(settings.log_level, settings.log_format)
     # arq logs INFO and DBSIZE at start and fails if they are denied; the
     # worker's ACL user (`ctxstore acl`) may run neither.
     setattr(arq.worker, "log_redis_info", _log_redis_info)  # noqa: B010 - a library global, patched on purpose
-    return Worker(**worker_options(settings, **options))
+    return SummaryWorker(**worker_options(settings, **options))
+
+
+class SummaryWorker(Worker):
+    """arq's worker, which also logs the signal it stops on, as it arrives.
+
+    (arq calls these on SIGINT and SIGTERM; it may then wait for running jobs
+    for up to their timeout before the worker's stop line.)
+    """
+
+    def handle_sig(self, signum: signal.Signals) -> None:
+        """Stop now: cancel running jobs (arq runs them again later)."""
+        self._stopping(signum)
+        super().handle_sig(signum)
+
+    def handle_sig_wait_for_completion(self, signum: signal.Signals) -> None:
+        """Stop taking jobs, let the running ones finish, then stop."""
+        self._stopping(signum)
+        super().handle_sig_wait_for_completion(signum)
+
+    def _stopping(self, signum: signal.Signals) -> None:
+        if self.burst or "stop_signal" in self.ctx:
+            return  # a burst worker's close is no signal; a second signal changes nothing
+        name = signal.Signals(signum).name
+        self.ctx["stop_signal"] = name
+        running = sum(not task.done() for task in self.tasks.values())
+        settings: Settings = self.ctx["settings"]
+        log.info(
+            "worker %s stopping on %s: %d jobs running",
+            settings.worker_name,
+            name,
+            running,
+            extra={
+                "event": "stopping",
+                "worker": settings.worker_name,
+                "signal": name,
+                "running": running,
+            },
+        )
 
 
 async def _log_redis_info(redis: Any, log_func: Any) -> None:

@@ -31,6 +31,78 @@ local function keep_value(kind, tokens, calls, results, data)
   return kind .. '\30' .. tokens .. '\30' .. calls .. '\30' .. results .. '\30' .. data
 end
 
+-- Take `n` writes from the session's rate bucket in `meta` (refilled at `rate` per
+-- second, up to `burst`; 0: no limit), or from `inherited` ({tokens, at}: a deleted
+-- life's, see `creation`) when meta has none. Nil when allowed (the bucket is
+-- written), else the refusal. Call it after every other check: it writes.
+local function take_rate(meta, n, rate, burst, inherited)
+  if rate <= 0 or n <= 0 then return nil end
+  local state = redis.call('HMGET', meta, 'rl_tokens', 'rl_at')
+  if not state[1] and inherited then state = inherited end  -- a new life: its tombstone's
+  local now = now_ms('')
+  local last = tonumber(state[2]) or now
+  local left = math.min(burst, (tonumber(state[1]) or burst) + (now - last) * rate / 1000)
+  if left < n then
+    -- Strings: Redis would truncate a fractional Lua number to an integer.
+    return {'quota', 'appends_per_second', tostring(rate), tostring(n - left)}
+  end
+  redis.call('HSET', meta, 'rl_tokens', left - n, 'rl_at', now)
+  return nil
+end
+
+-- A write that finds no session creates one, and may only under a live reservation in
+-- the tenant's index (token `rsv`, valid until `deadline` ms): the index then lists the
+-- session before it exists. A deleted session's tombstone `gone` ("epoch seq rate_tokens
+-- rate_at") carries its epoch and sequence number on, so neither ever goes backwards,
+-- and its rate bucket, so a delete does not refill it.
+-- Returns nil, epoch, seq, bucket ({tokens, at} or nil) when allowed, else the
+-- refusal {'reserve'}.
+local function creation(gone, rsv, deadline, now)
+  if rsv == '' or now > (tonumber(deadline) or 0) then return {'reserve'} end
+  local dead = redis.call('GET', gone)
+  if dead then
+    local e, s = string.match(dead, '^(%d+) (%d+)')
+    local left, at = string.match(dead, '^%d+ %d+ ([%d%.]+) (%d+)$')
+    return nil, tonumber(e), tonumber(s), left and {left, at} or nil
+  end
+  return nil, 0, 0, nil
+end
+
+-- Record that this write created the session in `meta` under reservation `rsv` (which
+-- names this life of the session): the tombstone is spent (its bucket went to
+-- `take_rate`), and a meta that held only a lease's fence no longer expires with it.
+local function created(meta, gone, rsv)
+  redis.call('DEL', gone)
+  redis.call('PERSIST', meta)
+  redis.call('HSET', meta, 'rsv', rsv)
+end
+
+-- The tombstone of a session whose meta held `epoch`, `seq` and the rate bucket
+-- `rl_tokens` / `rl_at` (nil when none): what its next life continues from.
+local function tombstone(epoch, seq, rl_tokens, rl_at)
+  local tomb = ((tonumber(epoch) or 0) + 1) .. ' ' .. (tonumber(seq) + 1)
+  if rl_tokens and rl_at then
+    tomb = tomb .. ' ' .. string.format('%.3f', tonumber(rl_tokens)) .. ' ' .. rl_at
+  end
+  return tomb
+end
+
+-- The recorded reply of call `call` (a call's random id, the same on each retry), from
+-- the session's idempotency hashes `idem` and `idem_old`, or nil. Calls other than
+-- appends are recorded under '#' and their id, and so outlive a delete, a replace
+-- and another pod's writes: a retry whose first run was applied (its reply lost) is
+-- answered with that run's reply, never applied twice.
+local function recorded(idem, idem_old, call)
+  return redis.call('HGET', idem, '#' .. call) or redis.call('HGET', idem_old, '#' .. call)
+end
+
+-- Record `reply` as call `call`'s, for at least `period` ms (see `recorded`).
+local function record(idem, call, reply, period)
+  redis.call('HSET', idem, '#' .. call, reply)
+  local ttl = redis.call('PTTL', idem)
+  if ttl < 2 * period then redis.call('PEXPIRE', idem, 2 * period) end
+end
+
 -- Add one message to the stream `log` and, for a system or pinned one (kind 's'
 -- or 'p'), its copy to `keep`; the entry id. Stream fields: m (the message),
 -- t (tokens), then c (call ids), r (result ids), v and vt (the preview and its
@@ -50,3 +122,35 @@ local function add_entry(log, keep, data, tokens, kind, calls, results, preview,
   return id
 end
 
+
+-- Raise the session's summary flag in `meta` and return the job generation to queue.
+-- Generations are times, made strictly increasing, so a job id is never
+-- reused, not even by a session deleted and written again (arq refuses ids
+-- it still keeps a result for).
+local function next_generation(meta, now)
+  local gen = math.max((tonumber(redis.call('HGET', meta, 'sgen')) or 0) + 1, now)
+  redis.call('HSET', meta, 'sq', '1', 'sq_at', now, 'sgen', gen)
+  return gen
+end
+
+-- The reservations pending for `session` in the tenant's `pending` hash ("token:deadline,...")
+-- that end at or after `after` ms, without `drop` (a token, or ''). Written back (the field
+-- and its entry in `due`, by latest deadline, go when none is left). Returns how many are left.
+local function keep_pending(pending, due, session, after, drop)
+  local kept, latest = {}, nil
+  for token, deadline in string.gmatch(redis.call('HGET', pending, session) or '', '([^:,]+):(%d+)') do
+    local d = tonumber(deadline)
+    if token ~= drop and d >= after then
+      table.insert(kept, token .. ':' .. deadline)
+      if not latest or d > latest then latest = d end
+    end
+  end
+  if #kept == 0 then
+    redis.call('HDEL', pending, session)
+    redis.call('ZREM', due, session)
+  else
+    redis.call('HSET', pending, session, table.concat(kept, ','))
+    redis.call('ZADD', due, latest, session)
+  end
+  return #kept
+end

@@ -6,6 +6,8 @@
 -- KEYS[4] idem_old  the previous generation of idem
 -- KEYS[5] keep   hash: entry id -> header and copy of each message every view sends
 -- KEYS[6] view   the cached summary (only its TTL is touched here)
+-- KEYS[7] gone   a deleted session's tombstone: "epoch seq [rate_tokens rate_at]"
+-- KEYS[8] anchor the views' anchors (only its TTL is touched here)
 -- ARGV[1] expected seq, or '' to append unconditionally
 -- ARGV[2] default TTL in ms, or '' (a TTL set on the session wins)
 -- ARGV[3] idempotency window: keys per generation, at most
@@ -17,6 +19,9 @@
 -- ARGV[8] quota: the most tokens in the session (0: none)
 -- ARGV[9] quota: appends per second for the session (0: none)
 -- ARGV[10] quota: the burst that rate allows
+-- ARGV[11] the index reservation this write may create the session under ('' for none)
+-- ARGV[12] that reservation's deadline, ms
+-- ARGV[13] now in ms, or '' to use the Redis server's clock
 -- then 8 per message:
 --         data, tokens, idempotency key, kind ('s', 'p' or ''), call ids, result ids
 --         (joined by \x1f), preview ('' or JSON), preview tokens
@@ -27,17 +32,20 @@
 -- refused before anything is written; a quota that would be exceeded is
 -- refused before anything is written (a retry of an applied append is still
 -- answered, quota or not); counters and stream change together, so meta
--- always matches the stream. Redis orders concurrent appends: no lock.
+-- always matches the stream. Redis orders concurrent appends: no lock. A
+-- session is created only under a live reservation of the tenant's index
+-- (so it is listed, and counted by the session quota, before it exists), and
+-- a session deleted and written again continues its epoch and sequence.
 --
--- Returns {'ok', due_generation, (entry id, seq, epoch, duplicate 0/1) per message},
---      {'conflict', current seq} or {'quota', name, limit, value}.
+-- Returns {'ok', due_generation, created 0/1, (entry id, seq, epoch, duplicate 0/1) per message},
+--      {'conflict', current seq, fresh 0/1, now}, {'quota', name, limit, value, fresh, now}
+--      or {'reserve'} (no live reservation for a session this would create).
 
 local PER = 8
-local FIRST = 10  -- ARGV index before the first message's arguments
+local FIRST = 13  -- ARGV index before the first message's arguments
 local meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
-                        'wm_tokens', 'sq', 'first_id', 'idem_rot', 'idem_since', 'bytes',
-                        'rl_tokens', 'rl_at')
-local seq = tonumber(meta[1]) or 0
+                        'wm_tokens', 'sq', 'first_id', 'idem_since', 'bytes', 'idle')
+local seq = tonumber(meta[1])
 local epoch = tonumber(meta[2]) or 0
 local count = tonumber(meta[3]) or 0
 local tokens = tonumber(meta[4]) or 0
@@ -48,51 +56,62 @@ local seen = {}
 local fresh = 0
 for i = 1, n do
   local key = ARGV[FIRST + (i - 1) * PER + 3]
-  local prev = redis.call('HGET', KEYS[3], key)
-  if not prev and meta[10] then prev = redis.call('HGET', KEYS[4], key) end
+  -- The previous generation too, even with no meta: a delete keeps both.
+  local prev = redis.call('HGET', KEYS[3], key) or redis.call('HGET', KEYS[4], key)
   seen[i] = prev
   if not prev then fresh = fresh + 1 end
 end
 
+local creating = seq == nil and fresh > 0
+local now = now_ms(ARGV[13])
+local bucket = nil
+if creating then
+  local refusal
+  refusal, epoch, seq, bucket = creation(KEYS[7], ARGV[11], ARGV[12], now)
+  if refusal then return refusal end
+end
+seq = seq or 0
+local is_new = creating and 1 or 0
+
 if fresh > 0 and ARGV[1] ~= '' and tonumber(ARGV[1]) ~= seq then
-  return {'conflict', seq}
+  return {'conflict', seq, is_new, now}
 end
 
-local bytes = tonumber(meta[12]) or 0
-local rate_tokens, rate_at = nil, nil
+local bytes = tonumber(meta[11]) or 0
 if fresh > 0 then
   local new_bytes, new_tokens = 0, 0
   for i = 1, n do
     if not seen[i] then
       local base = FIRST + (i - 1) * PER
-      new_bytes = new_bytes + #ARGV[base + 1]
+      local size = #ARGV[base + 1]
+      -- A system or pinned message is stored twice: in the stream and as its keep copy.
+      if ARGV[base + 4] ~= '' then size = size * 2 end
+      size = size + #ARGV[base + 7]  -- and a large tool result's preview beside it
+      new_bytes = new_bytes + size
       new_tokens = new_tokens + tonumber(ARGV[base + 2])
     end
   end
   local refusal = size_refusal(bytes + new_bytes, tokens + new_tokens,
                                tonumber(ARGV[7]), tonumber(ARGV[8]))
-  if refusal then return refusal end
-  local rate = tonumber(ARGV[9])
-  if rate > 0 then
-    -- A token bucket in the session's meta: refilled at `rate` per second up to `burst`.
-    local burst = tonumber(ARGV[10])
-    rate_at = now_ms('')
-    local last = tonumber(meta[14]) or rate_at
-    rate_tokens = math.min(burst, (tonumber(meta[13]) or burst) + (rate_at - last) * rate / 1000)
-    if rate_tokens < fresh then
-      -- Strings: Redis would truncate a fractional Lua number to an integer.
-      return {'quota', 'appends_per_second', tostring(rate), tostring(fresh - rate_tokens)}
-    end
-    rate_tokens = rate_tokens - fresh
+  if not refusal then
+    refusal = take_rate(KEYS[2], fresh, tonumber(ARGV[9]), tonumber(ARGV[10]), bucket)
+  end
+  if refusal then
+    table.insert(refusal, is_new)
+    table.insert(refusal, now)
+    return refusal
   end
   bytes = bytes + new_bytes
 end
 
+if creating then created(KEYS[2], KEYS[7], ARGV[11]) end
+
 local window = tonumber(ARGV[3])
 local period = tonumber(ARGV[6])
-local since = tonumber(meta[11]) or 0
-local rotated, since_changed = false, false
-local out = {'ok', 0}
+local since = tonumber(meta[10]) or 0
+local since_changed = false
+local out = {'ok', 0, is_new}
+local answers = false  -- a new message answers a tool call: an open exchange may be closed
 local first_id = meta[9]
 local last_id = nil
 for i = 1, n do
@@ -107,22 +126,22 @@ for i = 1, n do
     local t = tonumber(ARGV[base + 2])
     local id = add_entry(KEYS[1], KEYS[5], ARGV[base + 1], t, ARGV[base + 4], ARGV[base + 5],
                          ARGV[base + 6], ARGV[base + 7], ARGV[base + 8])
+    answers = answers or ARGV[base + 6] ~= ''
     seq = seq + 1
     count = count + 1
     tokens = tokens + t
     if not first_id or first_id == '' then first_id = id end
     last_id = id
-    local now = tonumber(string.match(id, '^(%d+)'))
-    if idem_n >= window or now - since >= period then
+    local at = tonumber(string.match(id, '^(%d+)'))
+    if idem_n >= window or at - since >= period then
       -- Rotate in O(1): keys are remembered for at least one period (or one
       -- window of appends), and at most two.
       if idem_n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
         redis.call('RENAME', KEYS[3], KEYS[4])
         redis.call('PEXPIRE', KEYS[4], period)
-        rotated = true
       end
       idem_n = 0
-      since = now
+      since = at
       since_changed = true
     end
     redis.call('HSET', KEYS[3], ARGV[base + 3], id .. ' ' .. seq .. ' ' .. epoch)
@@ -138,25 +157,23 @@ if fresh == 0 then return out end
 
 redis.call('HSET', KEYS[2], 'seq', seq, 'epoch', epoch, 'count', count, 'tokens', tokens,
            'bytes', bytes, 'idem_n', idem_n, 'first_id', first_id, 'last_id', last_id)
-if rate_at then redis.call('HSET', KEYS[2], 'rl_tokens', rate_tokens, 'rl_at', rate_at) end
-if rotated then redis.call('HSET', KEYS[2], 'idem_rot', '1') end
 if since_changed then redis.call('HSET', KEYS[2], 'idem_since', since) end
 -- The current generation goes too when the session falls quiet.
 redis.call('PEXPIRE', KEYS[3], 2 * period)
 
 local threshold = tonumber(ARGV[4])
 if threshold > 0 and meta[8] ~= '1' and tokens - (tonumber(meta[7]) or 0) >= threshold then
-  -- Generations are times (made strictly increasing), so a job id is never
-  -- reused, not even by a session deleted and written again (arq refuses ids
-  -- it still keeps a result for).
-  local now = tonumber(string.match(last_id, '^(%d+)'))
-  local gen = math.max((tonumber(redis.call('HGET', KEYS[2], 'sgen')) or 0) + 1, now)
-  redis.call('HSET', KEYS[2], 'sq', '1', 'sq_at', now, 'sgen', gen)
-  out[2] = gen
+  -- After a job that could cover nothing, only what may change that: a tool
+  -- result (an open exchange closed), or half a threshold of new tokens.
+  local idle = tonumber(meta[12])
+  if not idle or answers or tokens - idle >= threshold / 2 then
+    redis.call('HDEL', KEYS[2], 'idle')
+    out[2] = next_generation(KEYS[2], tonumber(string.match(last_id, '^(%d+)')))
+  end
 end
 
 local ttl = tonumber(meta[5]) or tonumber(ARGV[2])
 if ttl and ttl > 0 then
-  for _, k in ipairs({1, 2, 5, 6}) do redis.call('PEXPIRE', KEYS[k], ttl) end
+  for _, k in ipairs({1, 2, 5, 6, 8}) do redis.call('PEXPIRE', KEYS[k], ttl) end
 end
 return out

@@ -14,6 +14,9 @@
 -- writer may take the lease from a summary worker: the worker's commit is
 -- then refused, which is what a replace or clear wants.
 --
+-- A lease on a session never written leaves a meta holding the fence: it
+-- expires with the lease, so an abandoned lease leaves nothing that lasts.
+--
 -- Returns {1, fence, expires} or {0, holder kind, holder expires}
 local now = now_ms(ARGV[3])
 local cur = redis.call('HMGET', KEYS[1], 'token', 'expires', 'kind')
@@ -26,4 +29,5 @@ local ttl = tonumber(ARGV[2])
 local fence = redis.call('HINCRBY', KEYS[2], 'fence', 1)
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'fence', fence, 'expires', now + ttl, 'kind', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ttl)
+if redis.call('HEXISTS', KEYS[2], 'seq') == 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 return {1, fence, now + ttl}

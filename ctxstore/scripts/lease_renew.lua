@@ -1,6 +1,7 @@
 -- lease_renew: extend our lease, only if it is still ours.
 --
 -- KEYS[1] lease
+-- KEYS[2] meta (a session never written: its meta, the fence alone, lasts as the lease)
 -- ARGV[1] our token, ARGV[2] our fence, ARGV[3] time to live (ms),
 -- ARGV[4] now in ms, or '' to use the Redis server's clock
 --
@@ -13,4 +14,5 @@ if not lease_held(KEYS[1], ARGV[1], ARGV[2], now) then return {0} end
 local ttl = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'expires', now + ttl)
 redis.call('PEXPIRE', KEYS[1], ttl)
+if redis.call('HEXISTS', KEYS[2], 'seq') == 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 return {1, now + ttl}

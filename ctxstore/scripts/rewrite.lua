@@ -1,6 +1,8 @@
 -- rewrite: replace or clear a session's history, fenced by the lease.
 --
--- KEYS[1] log, KEYS[2] meta, KEYS[3] keep, KEYS[4] view, KEYS[5] lease
+-- KEYS[1] log, KEYS[2] meta, KEYS[3] keep, KEYS[4] view, KEYS[5] lease, KEYS[6] gone,
+-- KEYS[7] anchor (the views' anchors: a new history starts with none),
+-- KEYS[8] idem, KEYS[9] idem_old (where this call's reply is recorded)
 -- ARGV[1] our lease token
 -- ARGV[2] our fence
 -- ARGV[3] now in ms, or '' to use the Redis server's clock
@@ -9,6 +11,13 @@
 -- ARGV[6] n, the number of new messages
 -- ARGV[7] quota: the most bytes in the session (0: none)
 -- ARGV[8] quota: the most tokens in the session (0: none)
+-- ARGV[9] this call's id (random, the same on every retry of the call)
+-- ARGV[10] quota: appends per second (0: none); the n messages count as n appends
+--          (a clear as one)
+-- ARGV[11] quota: the burst that rate allows
+-- ARGV[12] the index reservation this write may create the session under ('' for none)
+-- ARGV[13] that reservation's deadline, ms
+-- ARGV[14] idempotency period, ms: how long this call's reply is kept for a retry
 -- then 7 per message:
 --         data, tokens, kind ('s', 'p' or ''), call ids, result ids (joined by \x1f),
 --         preview ('' or JSON), preview tokens
@@ -17,46 +26,70 @@
 -- (same token, same fence, not expired), so a holder that paused past its
 -- expiry cannot clobber its successor; the epoch is bumped and the cached
 -- summary dropped in the same step, so a summary worker that read the old
--- history is refused at its commit. A retry of a rewrite that was applied
--- (connection lost before the reply) is recognised by the lease token and
--- answered again, not applied twice. Appends ordered before this script
--- belong to the superseded history; appends after it land in the new one.
+-- history is refused at its commit. A lease is consumed by the write (the
+-- script deletes it), so another call with it is refused as lease_lost. A
+-- retry of the same call (its id), whose reply was lost, is answered with
+-- the reply recorded for it, whatever other pods did since (appended,
+-- replaced, cleared or deleted). Appends ordered before this script belong
+-- to the superseded history; appends after it land in the new one.
 --
--- Returns {'ok', epoch, seq, count, superseded, ids...}, {'lease_lost'},
--- {'conflict', current seq} or {'quota', name, limit, value}.
+-- Returns {'ok', epoch, seq, count, superseded, ids...}, {'lease_lost', fresh 0/1, now},
+-- {'conflict', current seq, fresh 0/1, now}, {'quota', name, limit, value, fresh, now}
+-- or {'reserve'}.
 local n = tonumber(ARGV[6])
-local meta = redis.call('HMGET', KEYS[2], 'epoch', 'seq', 'count', 'ttl', 'commit', 'commit_res')
-if meta[5] == ARGV[1] then
-  local e, s, c, sup = string.match(meta[6], '^(%d+) (%d+) (%d+) (%d+)$')
-  local out = {'ok', tonumber(e), tonumber(s), tonumber(c), tonumber(sup)}
-  for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', n)) do
-    table.insert(out, entry[1])
+local prev = recorded(KEYS[8], KEYS[9], ARGV[9])
+if prev then
+  local out = {'ok'}
+  for word in string.gmatch(prev, '%S+') do
+    table.insert(out, tonumber(word) or word)
   end
   return out
 end
-
-if not lease_held(KEYS[5], ARGV[1], ARGV[2], now_ms(ARGV[3])) then
-  return {'lease_lost'}
+local meta = redis.call('HMGET', KEYS[2], 'epoch', 'seq', 'count', 'ttl')
+local now = now_ms(ARGV[3])
+if not lease_held(KEYS[5], ARGV[1], ARGV[2], now) then
+  return {'lease_lost', meta[2] and 0 or 1, now}
 end
-local seq = tonumber(meta[2]) or 0
+local seq = tonumber(meta[2])
+local epoch = tonumber(meta[1]) or 0
+local creating = seq == nil
+local bucket = nil
+if creating then
+  local refusal
+  refusal, epoch, seq, bucket = creation(KEYS[6], ARGV[12], ARGV[13], now)
+  if refusal then return refusal end
+end
+local is_new = creating and 1 or 0
 if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= seq then
-  return {'conflict', seq}
+  return {'conflict', seq, is_new, now}
 end
 
-local PER, FIRST = 7, 8
+local PER, FIRST = 7, 14
 local new_bytes, new_tokens = 0, 0
 for i = 1, n do
   local base = FIRST + (i - 1) * PER
-  new_bytes = new_bytes + #ARGV[base + 1]
+  local size = #ARGV[base + 1]
+  if ARGV[base + 3] ~= '' then size = size * 2 end  -- and its keep copy
+  size = size + #ARGV[base + 6]  -- and a large tool result's preview
+  new_bytes = new_bytes + size
   new_tokens = new_tokens + tonumber(ARGV[base + 2])
 end
 local refusal = size_refusal(new_bytes, new_tokens, tonumber(ARGV[7]), tonumber(ARGV[8]))
-if refusal then return refusal end
+if not refusal then
+  refusal = take_rate(KEYS[2], math.max(n, 1), tonumber(ARGV[10]), tonumber(ARGV[11]),
+                      bucket)
+end
+if refusal then
+  table.insert(refusal, is_new)
+  table.insert(refusal, now)
+  return refusal
+end
+if creating then created(KEYS[2], KEYS[6], ARGV[12]) end
 
 local superseded = tonumber(meta[3]) or 0
-local epoch = (tonumber(meta[1]) or 0) + 1
+epoch = epoch + 1
 seq = seq + 1
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[7])
 local out = {'ok', epoch, seq, n, superseded}
 local tokens = 0
 local first_id, last_id = '', ''
@@ -72,8 +105,8 @@ for i = 1, n do
 end
 redis.call('HSET', KEYS[2], 'epoch', epoch, 'seq', seq, 'count', n, 'tokens', tokens,
            'bytes', new_bytes,
-           'first_id', first_id, 'last_id', last_id, 'wm', '', 'wm_tokens', 0, 'sq', '0',
-           'commit', ARGV[1], 'commit_res', epoch .. ' ' .. seq .. ' ' .. n .. ' ' .. superseded)
+           'first_id', first_id, 'last_id', last_id, 'wm', '', 'wm_tokens', 0, 'sq', '0')
+record(KEYS[8], ARGV[9], table.concat(out, ' ', 2), tonumber(ARGV[14]))
 redis.call('DEL', KEYS[5])
 
 local ttl = tonumber(meta[4]) or tonumber(ARGV[5])

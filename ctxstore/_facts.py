@@ -1,0 +1,645 @@
+"""Facts read from prose, for :mod:`ctxstore.ledger`.
+
+Each sentence of a user's or the agent's text yields :class:`Fact` candidates:
+an :class:`Entry` keyed by its subject where one is stated ("the batch size is
+512" is keyed ``batch size``), else by its value or its wording, with what the
+sentence says it corrects ("instead of X", "I got the X wrong"). Values are
+typed by one regex pass (URLs, emails, paths, dates, identifiers, names,
+numbers with units); statements by their cue words (constraints, decisions,
+preferences). Regexes and heuristics only: deterministic and fast.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+
+class Kind(StrEnum):
+    """What a fact is; also the ledger's sections, in this order."""
+
+    REQUEST = "request"
+    CONSTRAINT = "constraint"
+    DECISION = "decision"
+    PREFERENCE = "preference"
+    IDENTIFIER = "identifier"
+    NUMBER = "number"
+    NAME = "name"
+    DATE = "date"
+    PATH = "path"
+    ERROR = "error"
+    TOOL = "tool"
+
+
+STATEMENTS = frozenset({Kind.REQUEST, Kind.CONSTRAINT, Kind.DECISION, Kind.PREFERENCE})
+ENTITIES = frozenset({Kind.IDENTIFIER, Kind.NAME, Kind.DATE, Kind.PATH})
+
+
+@dataclass(slots=True)
+class Entry:
+    """One fact: the line ``pre + value + post``, and what folding it needs."""
+
+    kind: Kind
+    key: str
+    value: str
+    pre: str = ""
+    post: str = ""
+    old: list[str] = field(default_factory=list)
+    more: list[str] = field(default_factory=list)  # values the same statement was made with
+    refs: int = 0
+    first: int = 0
+    last: int = 0
+    # Keyed by a stated subject ("X is V"); for a tool, its last outcome says how it ended.
+    strong: bool = False
+    user: bool = False  # the user said it: a requirement, not the agent's remark
+    fixed: bool = False  # a correction said so ("actually", "instead of X"): not a tally's update
+    words: list[str] = field(default_factory=list)
+
+
+class Fact(NamedTuple):
+    """A candidate entry, with what it says about correcting another."""
+
+    entry: Entry
+    was: str | None  # the value the statement says it replaces ("instead of X")
+    marked: bool  # the statement says it corrects something ("actually", "update:")
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+FUNCTION = _words(
+    "a an the this that these those it its we i you they he she us me them our my your their his "
+    "her and or but if then so as of to in on at by for from with into over under about than is "
+    "are was were be been being will would should must can could may might do does did not no "
+    "there here what which who whom whose all any some each every per up out just also now very "
+    "really please let let's lets ok okay i'm i'll we'll we're it's that's there's you're they're "
+    "i've we've you've i'd we'd "
+    "behind across between through during without within via after before since until while "
+    "today yesterday tomorrow right again because although though unless whereas"
+)
+# What ends a subject read leftwards from its value: function words, and the
+# verbs and fillers that sit between a subject and its value.
+# (Verbs that are nouns too, "call", "check", "update", are not here: "the review call is on".)
+STOP = FUNCTION | _words(
+    "use using used set setting keep make need needs have has had get got go going went run ran "
+    "found find see saw try tried say said think know want like bump bumped raise raised lower "
+    "lowered changed increase increased decrease decreased reduce reduced updated moved pin "
+    "pinned switched put give take took wait ship add open read rerun allow send new old current "
+    "currently actually correction instead only still maybe probably around roughly hit reached "
+    "equals costs cost takes stays stay remain remains lives live sits located stored kept points "
+    "defaults listens runs noted good great thanks sure yes done hi hello hey shipped finished "
+    "ready landed merged live delivered released complete completed expect expected quoted shows "
+    "show showed complains mentioned says reports reported touches contains lists gives returns"
+)
+_LINKS = _words(
+    "is are was were be becomes = : -> → to of at by in on from under equals now lives live sits "
+    "located stored kept stays stay remains points defaults hit reached costs takes took set "
+    "bumped raised lowered changed moved switched updated increased decreased reduced dropped "
+    "should must will resolved comes came out stands works has have needs need scheduled planned "
+    "booked happens happening due down for"
+)
+# A subject tied to its value by a bare preposition ("the cache in lib/retry.py")
+# is context, not what the value is: the value is not keyed by it.
+_PREPOSITIONS = _words("in at on by from under for")
+_FILLERS = _words(
+    "around about roughly approximately exactly only just ~ version v currently still the a an "
+    "no longer"
+)
+_IMPERATIVES = _words(
+    "fix check update change move start stop deploy restart upgrade downgrade call look switch "
+    "scale review test"
+)
+_ID_WORDS = _words(
+    "id ticket order incident pr issue invoice build job case account customer bug commit po sku "
+    "tracking"
+)
+_LIMIT_WORDS = _words("budget deadline limit cap quota max maximum min minimum sla slo")
+_NOISE_LABELS = _words(
+    "step phase part line lines page item option round attempt case test module chapter section "
+    "figure table row column col ln no number"
+)
+_NAME_STOP = _words(
+    "The This That These Those We I You It They Let Let's Next Then Now Also Please Thanks Thank "
+    "Good Great Ok Okay Sure Yes No Done Module Step Here There Hi Hello Hey Sorry Note Update "
+    "Correction Actually Scratch And But Or So If When After Before Once Our My Your Their What "
+    "Why How Which Who Where Is Are Can Could Would Should Will Do Does Did Use Run Set Keep Make "
+    "Check Open Read Fix Add See Looks Found Pin"
+)
+_NOT_TICKETS = _words("UTF SHA ISO AES MD TLS HTTP IPV X")
+_NOT_SUBJECTS = _words("now this that it them us you me real good")
+
+_MONTH = (
+    r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?"
+    r"|Sept?(?:ember)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)"
+)
+_UNITS = (
+    r"%|ms|µs|us|ns|s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?|days?|weeks?|months?|years?"
+    r"|[kKMGTP]i?B?|bytes|EUR|USD|GBP|CHF|€|rps|qps|req/s|tokens?|kg|g|lbs?|km|m|cm|mm|pts"
+    r"|points|words|pages|x|\u00d7"  # "2x", "2" + times
+)
+_SERVICE = (
+    r"service|svc|api|worker|client|server|gateway|db|cache|queue|proxy|bot|app|ui|web|cli|sdk"
+    r"|core|engine|store|daemon|exporter|importer|scheduler|cron|pipeline|cluster"
+)
+# One pass over a clause; at each position the first group that matches wins, so
+# a ticket or a date is never also read as numbers.
+_VALUE = re.compile(
+    r"(?P<url>\b[a-z][a-z0-9+.-]{1,9}://[^\s<>\"'`)\]]*[^\s<>\"'`)\].,;:!?])"
+    r"|(?P<email>\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b)"
+    r"|(?P<path>(?<![\w/.])(?:~|\.{1,2})?/(?:[\w.@-]+/)*[\w@-][\w.@-]*(?<!\.)"
+    r"|\b(?:[\w.-]+/)+[\w-]+\.[A-Za-z]\w{0,4}\b|\b(?:[\w-]+/){2,}[\w-]*"
+    r"|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|rb|md|txt|json|ya?ml|toml|cfg|ini|sql|sh|csv|html"
+    r"|css|lock|log|env|conf|xml|proto|tf)\b)"
+    rf"|(?P<date>\b\d{{4}}-\d{{2}}-\d{{2}}(?:[T ]\d{{2}}:\d{{2}}(?::\d{{2}})?Z?)?\b"
+    rf"|\b{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?\b(?:,? \d{{4}}\b)?"
+    rf"|\b\d{{1,2}}(?:st|nd|rd|th)? (?:of )?{_MONTH}\b(?:,? \d{{4}}\b)?"
+    r"|\b(?:next |this )?(?:Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day\b|\bQ[1-4](?: \d{4})?\b"
+    r"|\bend of (?:the )?(?:day|week|month|quarter|sprint|year)\b)"
+    r"|(?P<id>\b10\.\d{4,9}/[\w.;()/:-]*\w|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b"
+    r"|\b\d{2,}(?:-\d{2,}){2,}\b|\bsha(?:1|256|512):[0-9a-f]{7,}\b"
+    r"|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b"
+    r"|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
+    r"|\b[\w.-]+(?:==|@)\d[\w.+-]*\w|\b[A-Z][A-Z0-9]{1,9}-\d{1,7}(?![\w-])|(?<![\w&])#\d{2,7}\b"
+    r"|\bv\d+(?:\.\d+)+\b|\b\d+\.\d+\.\d+(?:-[\w.]+)?\b"
+    r"|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"
+    # generated ids: "acct_scQoYod3", "TR-963-D5Ns", "exp_JXPZeW", "1ZSocCmP298379"
+    r"|\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9]+(?:[_-][A-Za-z0-9]+)+\b"
+    r"|\b[a-z]{2,8}_(?=\w*[A-Z])(?=\w*[a-z])[A-Za-z0-9]{4,}\b"
+    r"|\b(?=[A-Za-z]*\d)(?=\d*[A-Za-z])[A-Za-z0-9]{10,}\b|\b[a-z][a-z0-9]*(?:_[a-z0-9]+){2,}\b)"
+    r"|(?P<error>\bE[A-Z]{4,}\b(?: \d{1,3}(?:\.\d{1,3}){3}(?::\d+)?)?"  # "ECONNRESET 10.0.0.7"
+    r"|\b[A-Z][A-Za-z]+(?:Error|Exception|Fault)\b)"
+    r"|(?P<name>\b(?:[A-Z][a-z]+|[A-Z]\.)(?:[ -][A-Z][a-z]+){1,2}\b"
+    rf"|\b[a-z][a-z0-9]*(?:-[a-z0-9]+)*-(?:{_SERVICE})\b)"
+    r"|(?P<number>(?<![\w.,/#:$€£-])[$€£]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+    rf"(?:\s?(?:{_UNITS})(?!\w))?(?:\s?(?:req/s|rps|qps|/s|/sec|/min|/h|/day)\b)?"
+    r"(?![.,:/-]?\w))"
+)
+_VALUE_KINDS = {
+    "url": Kind.IDENTIFIER,
+    "email": Kind.IDENTIFIER,
+    "id": Kind.IDENTIFIER,
+    "error": Kind.IDENTIFIER,  # an error someone names: only a failed tool call is an Error
+    "path": Kind.PATH,
+    "date": Kind.DATE,
+    "name": Kind.NAME,
+    "number": Kind.NUMBER,
+}
+_ROLE_NAME = re.compile(
+    r"\b(?:reviewer|owner|lead|manager|contact|assignee|approver|on-?call|author|maintainer"
+    r"|admin|customer|requester|stakeholder|sponsor|architect|engineer)(?:\s+is|\s*[:=])?\s+"
+    r"(?P<v>[A-Z][a-z]+(?: [A-Z][a-z]+)?)\b"
+    r"|\b(?:ask|ping|cc|tell|loop in|email|contact)\s+(?P<w>[A-Z][a-z]{2,})\b"
+)
+# An error name someone reports: "Error from my side: x_y_z", "it crashed with `x_y`".
+_REPORTED = re.compile(
+    r"\b(?:error(?: from my side)?:|crashed with|died(?: again)? with|fails? with|failing with"
+    r"|i get|seeing|root of it:|exception:?|raised)\s+`?(?P<v>[a-z]+(?:_[a-z0-9]+){1,5})\b",
+    re.I,
+)
+TOKEN = re.compile(r"->|[:=→~]|[\w$€£#][\w.+#/@'$€£%-]*")
+_WORD = re.compile(r"[a-z0-9][\w.+/@'%-]*[a-z0-9%]|[a-z0-9]")
+
+_FENCE = re.compile(r"```.*?(?:```|\Z)", re.S)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[^a-z\s])|\n+")
+_CLAUSE = re.compile(
+    r";\s+|\s+--?\s+|,\s+(?:and\s+|but\s+|so\s+)?(?=(?:the|we|I|it|our|my|you|they|please|never"
+    r"|don't|do not|let's|also)\b)"
+)
+BULLET = re.compile(r"^\s*(?:[-*•>]|\d{1,2}[.)])\s+")
+_MARKER = re.compile(
+    r"^(?:(?:actually|correction|update|scratch that|wait|sorry|oops|my mistake|change of plans?"
+    r"|ok|okay|so|also|and|but|good|great|thanks|noted|sure|right|next|then|now|first|finally"
+    r"|lastly|after that|afterwards)\b[\s,:;.!-]*)+",
+    re.I,
+)
+_CORRECTIVE = re.compile(
+    r"^(?:actually|correction|update|scratch that|wait|sorry|oops|my mistake|change of plans?)\b"
+    r"|\b(?:correcting myself|earlier note|re-?checked|scratch what|forget|got .{1,40} wrong)\b"
+    r"|\b(?:instead of|rather than|changed? (?:it )?to|moved to|is now|are now|no longer"
+    r"|switch(?:ed)? to|bump(?:ed)? to|updated to|revised to|not\s.{1,40}\bbut)\b",
+    re.I,
+)
+_WAS = re.compile(
+    r"\b(?:instead of|rather than|in place of|no longer(?: use| using| on| at| in| be)?"
+    r"|not(?=\s.{1,40}\bbut\b)|,\s*not)\s+(?P<old>.+?)(?=[,;.!?](?:\s|$)|[()]|$"
+    r"|\s(?:but|because|since|so|for|as|and|which)\b)",
+    re.I,
+)
+_WAS_MORE = [
+    re.compile(p, re.I)
+    for p in (
+        r"\((?:it |that )?was (?P<old>[^)]+)\)",  # "... (it was Ambergate Systems)"
+        r"\(i typed (?P<old>[^)\s]+)",
+        r"\bwas (?P<old>\S+), now\b",
+        r"\b(?:rather|prefer\w*)\b.{1,60}?\bthan\s+(?P<old>[^,;.()]+)",
+        r"^forget (?P<old>.+?) for (?:the |our )?\w",
+    )
+]
+_PREFER_OVER = re.compile(r"\bover\s+(?P<old>[\w.+#/-]+(?: [\w.+#/-]+)?)", re.I)
+_CONSTRAINT = re.compile(
+    r"^no (?!problem|idea|worries|rush|need|luck|one|way|,)\w+|\b(?:nobody|no one) should\b"
+    r"|\b(?:can't|cannot|can not|may not|should(?:n't| not)) (?!find|see|tell|reproduce|figure|get|"
+    r"remember|believe|access|open|log|wait|say)\w+"
+    r"|\b(?:must|mustn't|never|at most|at least|no more than|no less than|not exceed|under no"
+    r"|required|mandatory|(?:budget|deadline)(?: is|:| of)\b(?=.*\d)|limit(?:ed)? to|only use"
+    r"|not allowed|forbidden|avoid"
+    r"|(?:you|we|it) (?:cannot|can't|can not)|let's not|let us not)\b"
+    r"|(?:^|\b(?:please|and|but|so|also)\s+)(?:don't|do not)\b",
+    re.I,
+)
+_DECISION = re.compile(
+    r"\b(?:decided|decide to|decision|we(?:'ll| will) (?:use|go with|keep|switch|move|adopt|ship"
+    r"|drop|stay)|let's (?:use|go with|keep|switch|move|adopt|stick with|drop)|going with|go with"
+    r"|chose|chosen|settled on|agreed|opted (?:for|to)|the plan is|we(?:'re| are) going to"
+    r"|switch(?:ing|ed)?\b.{0,40}\bto|stick with|recommend|picked|final answer|wins for|went with"
+    r"|going for)\b|^use\b(?!.*\bas\b)",
+    re.I,
+)
+# Standing instructions on how to work: language, format, tools, style.
+_PREFERENCE = re.compile(
+    r"\b(?:i(?:'d| would)? prefer|i(?:'d| would) rather|we prefer|prefer(?:ably)?|my preference"
+    r"|always|please use|please keep|i like|i want you to use|from now on|that's what i (?:run|use)"
+    r"|house style|don't want anything else|(?:answer|reply|respond)(?:s)? in|call me"
+    r"|(?:quote|give)(?: me)?(?: any)? (?:times|commands)|times in|format \w+ as|reformat"
+    r"|keep (?:the )?(?:answers|replies|responses)|short (?:answers|replies)|so the tables line up"
+    r"|where i am|convert to|write (?:your )?(?:answers|replies|commit messages|sql)|palette)\b",
+    re.I,
+)
+_REQUEST = re.compile(
+    r"^(?:please|can you|could you|would you|i need|i want|we need|let's|help|pls)\b|\?$"
+    r"|^(?:add|fix|implement|write|run|check|look|open|update|create|remove|delete|deploy|migrate"
+    r"|refactor|investigate|find|make|build|review|pin|set|change|move|rename|test|debug|figure"
+    r"|explain|show|list|summarize|draft|send|prepare|generate|install|upgrade|configure|ship"
+    r"|start|stop|restart|rollback|revert|merge|go|get|keep|try|help)\b",
+    re.I,
+)
+# Words that make "X is V" more than an attribute ("under 300 ms", "must not").
+_QUALIFIER = re.compile(
+    r"\b(?:under|below|above|over|less|more|most|least|max|min|within|never|not|don't|must|only"
+    r"|exceed|until|before|after)\b",
+    re.I,
+)
+_AS = re.compile(
+    r"\s+(?:as (?:the |our |a |an )?|is (?:the |our |my |your ))(?P<s>[a-z][\w' -]{2,50}?)"
+    r"(?=\s+in anything\b|\s+for\b|\s*[,.;:!?]|\s*$)",
+    re.I,
+)
+# "I got the security review wrong earlier. It's September 6.": the next value's subject.
+_WRONG = re.compile(
+    r"\bgot (?:the |my |our )?(?P<a>[\w' -]{3,40}?) wrong\b"
+    r"|\b(?:correction|update|change of preference|change|revised \w+|new value) (?:on|for) "
+    r"(?:the )?(?P<b>[\w' -]{3,40}?):"
+    r"|\b(?:scratch|forget) what i said about (?:the )?(?P<c>[\w' -]{3,40}?)(?=\s+-|[,:;.])"
+    r"|\b(?:note|what i said) (?:on|about) (?:the )?(?P<d>[\w' -]{3,40}?) was wrong\b"
+    r"|\bre-?checked (?:the )?(?P<e>[\w' -]{3,40}?):|^the (?P<f>[\w' -]{3,40}?) changed:",
+    re.I,
+)
+_REASON = re.compile(
+    r"^(?:because|since|so that|that's because|this is because|the reason)\b", re.I
+)
+# What a decision or preference is about: "X for the store", "final answer on the Y is X",
+# "the job queue uses X", "switching the pagination style to X".
+_TOPIC = re.compile(
+    r"\b(?:for|on) (?:the |our |all |a )?(?P<a>[a-z][\w-]*(?: [a-z][\w-]*){0,3}?)"
+    r"(?=\s+(?:is|are|because|since|so|as)\b|\s*[,.;:!?-]|$)"
+    r"|\bthe (?P<b>[a-z][\w-]*(?: [a-z][\w-]*){0,3}?) (?:uses|is|will be|goes)\b"
+    r"|\bswitch\w* (?:the |our )?(?P<c>[a-z][\w-]*(?: [a-z][\w-]*){0,3}?) to\b",
+    re.I,
+)
+
+
+class _Value(NamedTuple):
+    group: str
+    start: int
+    end: int
+
+
+# -- facts from sentences -----------------------------------------------------------
+
+
+def statements(text: str) -> Iterator[tuple[str, list[Fact]]]:
+    """Each sentence of a user or assistant text, with the facts it states."""
+    last: Entry | None = None
+    # What a correction named before giving the new value: "I got the X wrong. It's Y.",
+    # "X is no longer 3.25; use 3.52", "Forget X for the Y. We go with Z."
+    carry = _Carry(None, None, False)
+    for sentence in _sentences(text):
+        wrong = _WRONG.search(sentence)
+        if wrong:
+            carry = _Carry(next(g for g in wrong.groups() if g), carry.was, True)
+        marked = bool(_CORRECTIVE.search(sentence)) or carry.subject is not None
+        found: list[Fact] = []
+        for clause in _CLAUSE.split(_MARKER.sub("", sentence)):
+            clause = clause.strip(" ,.!:")
+            # A decision's reason, or a statement's tail ("...; that's what I run"), is its own.
+            if not content(clause):
+                continue  # "please", "thanks"
+            tail = len(content(clause)) <= 2 and not _values(clause)
+            if last is not None and last.kind in STATEMENTS and (_REASON.match(clause) or tail):
+                joined = ", " if _REASON.match(clause) else "; "
+                last.value = clip(f"{last.value}{joined}{clause[:1].lower()}{clause[1:]}", 200)
+            elif clause:
+                marked = marked or bool(_CORRECTIVE.search(clause))
+                facts, carry = _clause_facts(clause, marked, carry)
+                found += facts
+                last = facts[-1].entry if facts else last
+        carry = carry if not found and (carry.subject or carry.was) else _Carry(None, None, False)
+        yield sentence, found
+
+
+def prose_facts(text: str, subject: str | None = None) -> list[Fact]:
+    """The facts of a short text outside a conversation turn (a note in a tool's output)."""
+    carry = _Carry(subject, None, False)
+    return [f for c in _CLAUSE.split(text) for f in _clause_facts(c.strip(" ,.!"), False, carry)[0]]
+
+
+def is_statement(text: str) -> bool:
+    """Whether a text states a constraint, a decision or a preference."""
+    return _statement(text) is not None
+
+
+def is_request(sentence: str) -> bool:
+    """Whether a user's sentence asks for something."""
+    clauses = _CLAUSE.split(_MARKER.sub("", sentence))
+    return len(content(sentence)) >= 3 and any(_REQUEST.search(c.strip()) for c in clauses)
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence that says something (not a greeting or an "OK.")."""
+    sentences = list(_sentences(text))
+    return next((s for s in sentences if len(content(s)) >= 3), sentences[0] if sentences else "")
+
+
+def _sentences(text: str) -> Iterator[str]:
+    for line in _FENCE.sub("\n", text).splitlines():
+        if line.startswith(("    ", "\t", "$ ", ">>> ")):
+            continue  # code and shell sessions quoted in prose are not statements
+        for sentence in _SENTENCE.split(BULLET.sub("", line)):
+            if sentence.strip():
+                yield sentence.strip()
+
+
+class _Carry(NamedTuple):
+    subject: str | None  # the subject a correction named ("I got the X wrong")
+    was: str | None  # the value it said it replaces ("X is no longer 3.25")
+    forced: bool  # the sentence is about that subject: it overrides a local one
+
+
+def _clause_facts(clause: str, marked: bool, carry: _Carry) -> tuple[list[Fact], _Carry]:
+    """A clause's facts, and what it leaves for the next clause when it states none."""
+    question = clause.endswith("?")  # asks, so states nothing for sure
+    values = [] if question else _values(clause)
+    attributes = [a for i in range(len(values)) if (a := _attribute(clause, values, i, carry))]
+    was, words = _was(clause) or carry.was, content(clause)
+    facts = _stated(clause, marked, attributes, was, words, question)
+    if facts:
+        return facts, carry._replace(was=None)
+    named = [e.pre.removesuffix(": ") for e, _ in attributes if e.value == was and e.strong]
+    return facts, _Carry(named[0] if named else carry.subject, was, carry.forced)
+
+
+def _stated(
+    clause: str,
+    marked: bool,
+    attributes: list[tuple[Entry, str | None]],
+    was: str | None,
+    words: list[str],
+    question: bool,
+) -> list[Fact]:
+    kind = None if question else _statement(clause)
+    if kind is not None:
+        keyed = [a for a in attributes if a[0].strong]
+        if len(keyed) == 1 and not _QUALIFIER.search(clause):
+            entry, replaced = keyed[0]
+            if len(words) - len(content(entry.pre + entry.value)) <= 2:
+                # A bare "X is V" is its attribute; a limit stays a constraint ("budget: 5 EUR").
+                entry.kind = kind if kind is Kind.CONSTRAINT else entry.kind
+                entry.words = words
+                return [Fact(entry, was or replaced, marked)]
+        key = keyed[0][0].key if len(keyed) == 1 else signature(words)
+        entry = Entry(kind, key, clip(clause, 160), strong=len(keyed) == 1, words=words)
+        match = _TOPIC.search(clause) if kind in (Kind.DECISION, Kind.PREFERENCE) else None
+        topic = next((t for t in match.groups() if t), "") if match else ""
+        if topic and topic.lower() not in _NOT_SUBJECTS:
+            entry.key, entry.strong = key_of(topic), True  # "use X for the store"
+        return [Fact(entry, was, marked)]
+    # "ctx-client: 3.2.1" already says "ctx-client"; "from 30s to 60s" states 60s, not 30s;
+    # "port 5433, not 5432" states no 5432.
+    said = {entry.pre.removesuffix(": ").strip() for entry, _ in attributes}
+    said |= {r for _, r in attributes if r} | ({was} if was else set())
+    found = []
+    for entry, replaced in attributes:
+        if entry.value not in said:
+            entry.words = words
+            found.append(Fact(entry, replaced or was, marked))
+    return found
+
+
+def _statement(clause: str) -> Kind | None:
+    if _CONSTRAINT.search(clause):
+        return Kind.CONSTRAINT
+    if _DECISION.search(clause):
+        return Kind.DECISION
+    if _PREFERENCE.search(clause):
+        return Kind.PREFERENCE
+    return None
+
+
+def _was(clause: str) -> str | None:
+    """The value a clause says it replaces: "instead of X", "not X but", "(it was X)"..."""
+    patterns = [_WAS, *_WAS_MORE, *([_PREFER_OVER] if _PREFERENCE.search(clause) else [])]
+    match = next((m for p in patterns if (m := p.search(clause))), None)
+    if not match:
+        return None
+    old = " ".join(match["old"].split()[:5])
+    return old if content(old) else None
+
+
+def _values(clause: str) -> list[_Value]:
+    """The typed values in a clause, left to right, none overlapping."""
+    found = [
+        _Value("name", m.start(g), m.end(g))
+        for m in _ROLE_NAME.finditer(clause)
+        for g in ("v", "w")
+        if m[g]
+    ]
+    found += [_Value("error", m.start("v"), m.end("v")) for m in _REPORTED.finditer(clause)]
+    for match in _VALUE.finditer(clause):
+        group, (start, end) = str(match.lastgroup), match.span()
+        if any(start < v.end and v.start < end for v in found):
+            continue
+        if group == "name":  # sentence-initial words are capitalized too
+            words = match[0].split()
+            while words and words[0] in _NAME_STOP:
+                start += len(words.pop(0)) + 1
+            if "-" not in match[0] and (len(words) < 2 or words[-1] in _NAME_STOP):
+                continue
+        elif group == "id" and match[0].split("-")[0] in _NOT_TICKETS:
+            continue
+        found.append(_Value(group, start, end))
+    return sorted(found, key=lambda v: v.start)
+
+
+def _attribute(
+    clause: str, values: list[_Value], index: int, carry: _Carry
+) -> tuple[Entry, str | None] | None:
+    """The fact one value states, keyed by its subject; and the value it replaces, if said."""
+    value = values[index]
+    text = clause[value.start : value.end]
+    # A name or a snake_case key before a value may be its subject: "owner: Dana", "x_y to 5".
+    floors = [v.end for v in values[:index] if not _subjectlike(clause[v.start : v.end], v.group)]
+    before = clause[floors[-1] if floors else 0 : value.start]
+    was = None
+    # "from 512 to 384", "not 512 but 384", "was 512, now 384": the subject is the first one's
+    previous = values[index - 1] if index else None
+    ahead = clause[values[index - 2].end if index > 1 else 0 : previous.start] if previous else ""
+    paired = bool(
+        previous
+        and re.fullmatch(r"\s*(?:[a-z]+\s+)?(?:to|but|,?\s*now)\s*|\s*(?:->|→)\s*", before)
+        and (re.search(r"\b(?:from|not|was)\s*$", ahead) or re.search(r"->|→", before))
+    )
+    if paired and previous:
+        was = clause[previous.start : previous.end]
+        before = re.sub(r"\b(?:from|not|was)\s*$", "", ahead)
+    label, strong, links = _subject(re.split(r"[,;(\[]", before)[-1])
+    strong = strong or (paired and bool(label))
+    if carry.subject and (carry.forced or not strong):
+        label, strong = carry.subject, True  # "I got the X wrong. It's Y."
+    elif not strong and (named_as := _AS.match(clause, value.end)):
+        label, strong = named_as["s"], True  # "use fdf57f1 as the commit that broke it"
+    group, lower, post, kind = value.group, key_of(label), "", _VALUE_KINDS[value.group]
+    if group == "date" and ("by" in links or lower.endswith(("deadline", "due"))):
+        if not lower.endswith(("deadline", "due")):  # "ship it by Friday" states a deadline
+            label = f"{label} deadline" if label else "deadline"
+        kind, lower, strong = Kind.CONSTRAINT, key_of(label), True
+    elif group == "number":
+        last = lower.split()[-1] if lower else ""
+        if last in _ID_WORDS:
+            kind, strong = Kind.IDENTIFIER, False
+        elif _LIMIT_WORDS & set(lower.split()) and set(links) & {"is", ":", "of", "="}:
+            kind = Kind.CONSTRAINT  # "the budget is 4,250 EUR", not "the budget has 5 EUR left"
+        of = re.match(r" of [a-z]+\b(?! the\b)", clause[value.end :])  # "5 hours of flying"
+        if of:
+            post = of[0]
+        elif not label or re.fullmatch(r"[$€£]?[\d.,]+", text):  # "100 steps", "3 replicas"
+            post = " " + _subject_after(clause[value.end :])
+            if not label and not post.strip():
+                return None  # a number with no subject is noise
+        bare = re.fullmatch(r"\d|(?:19|20)\d\d", text) and not post  # a digit, a year
+        if not strong and (last in _NOISE_LABELS or bare):
+            return None
+    preposition = next((w for w in links if w in _PREPOSITIONS), "")
+    if group == "error":
+        return Entry(kind, text.lower(), text, "error: "), was  # "error from my side: x_y"
+    if strong and label:
+        return Entry(kind, lower, text, f"{label}: ", post.rstrip(), strong=True), was
+    if label and preposition and kind is not Kind.NUMBER:
+        return Entry(kind, text.lower(), text, f"{label} {preposition} "), was
+    if label:
+        keyed = kind in (Kind.NUMBER, Kind.CONSTRAINT)  # "port 8443": a port; "order X": itself
+        key = lower if keyed else f"{lower} {text}".lower()
+        return Entry(kind, key, text, f"{label} ", post.rstrip()), was
+    return Entry(kind, (post.strip() or text).lower(), text, post=post.rstrip()), was
+
+
+def _subjectlike(text: str, group: str) -> bool:
+    return group == "name" or bool(re.fullmatch(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+", text))
+
+
+def _subject(before: str) -> tuple[str, bool, list[str]]:
+    """The subject words just before a value, whether a link word tied them, and the links."""
+    tokens = TOKEN.findall(before)
+    links: list[str] = []
+    while tokens and (tokens[-1].lower() in _LINKS or tokens[-1].lower() in _FILLERS):
+        links.append(tokens.pop().lower())
+    words: list[str] = []
+    while tokens and len(words) < 6:
+        token = tokens[-1]
+        # "the ticket for this work", "the row count of the events table"
+        inner = [t.lower() for t in tokens[-3:]]
+        determined = len(inner) == 3 and inner[2] in ("the", "this", "our", "a", "an", "my", "your")
+        if words and determined and inner[1] in ("of", "for") and inner[0] not in STOP:
+            words[:0] = tokens[-3:]
+            del tokens[-3:]
+            continue
+        if words and len(inner) >= 2 and inner[-1] in ("of", "for") and inner[-2] not in STOP:
+            words[:0] = tokens[-2:]
+            del tokens[-2:]
+            continue
+        if token.lower() in STOP or token in _LINKS or not re.search(r"[A-Za-z]", token):
+            break
+        words.insert(0, tokens.pop())
+    if words and words[0][:1].isupper() and words[0].lower() in _IMPERATIVES:
+        words.pop(0)  # "Fix order ORD-7": the order, not a "fix order"
+    strong = bool(words) and bool(set(links) - _FILLERS - _PREPOSITIONS)
+    return " ".join(words), strong, links
+
+
+def key_of(label: str) -> str:
+    """A subject as a key: "the Cache_TTL" and "cache TTL" are one."""
+    return re.sub(r"^(?:the|a|an|our|my) ", "", label.lower().replace("_", " ")).strip()
+
+
+def _subject_after(after: str) -> str:
+    words: list[str] = []
+    for token in TOKEN.findall(after)[:2]:
+        if token.lower() in FUNCTION or not token.isalpha():
+            break
+        words.append(token)
+    return " ".join(words)
+
+
+# -- words --------------------------------------------------------------------------
+
+
+def content(text: str) -> list[str]:
+    """The content words of a text, lower case, in order, once each."""
+    return list(dict.fromkeys(w for w in _WORD.findall(text.lower()) if w not in FUNCTION))
+
+
+def signature(words: list[str]) -> str:
+    """A key from wording, for a statement with no stated subject ("~" marks it)."""
+    return "~" + " ".join(words[:8])
+
+
+def similar(a: list[str], b: list[str]) -> float:
+    """The Jaccard similarity of two word lists."""
+    sa, sb = set(a), set(b)
+    return len(sa & sb) / len(sa | sb) if sa or sb else 1.0
+
+
+def valueish(word: str) -> bool:
+    """Whether a word is a value: it holds a digit, a slash, an @ or an inner dot."""
+    return bool(re.search(r"\d|[/@]|\w[._]\w", word))
+
+
+def plain(words: list[str]) -> list[str]:
+    """The words that are not values."""
+    return [w for w in words if not valueish(w)]
+
+
+def named(text: str) -> set[str]:
+    """The values and names a text states: what tells two statements on one subject apart."""
+    tokens = TOKEN.findall(text)
+    return {
+        w.lower()
+        for i, w in enumerate(tokens)
+        if valueish(w) or (i and w.lower() not in STOP and w[:1].isupper())
+    }
+
+
+def norm(text: str) -> str:
+    """A text as compared: lower case, outer punctuation and extra spaces gone."""
+    return " ".join(text.lower().strip(" .,;:!?\"'`").split())
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` on one line, cut at a word boundary to at most ``limit`` characters."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return (text[: limit - 1].rsplit(" ", 1)[0] or text[: limit - 1]) + "…"

@@ -1,0 +1,106 @@
+"""What the parts of one tenant's store share, and the bounded memo they keep.
+
+A :class:`ContextStore` is a facade over parts (writes, reads, summaries,
+tenancy, the queue hand-off), each owning one concept. They share one
+:class:`Scope`: the tenant, the settings, the tenant's view of the process's
+connection, the codec, the token counter and the clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from ctxstore import _keys
+from ctxstore._codec import Codec
+from ctxstore._connection import Connection
+from ctxstore.lease import Clock
+from ctxstore.settings import Settings
+from ctxstore.tokens import TokenCounter
+
+__all__ = ["Memo", "Scope"]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The tenant, and what every part of its store uses.
+
+    Attributes:
+        tenant: The tenant (validated).
+        settings: The settings.
+        connection: The process's connection, naming this tenant in errors.
+        codec: Decodes and seals this tenant's values.
+        counter: Counts tokens at append.
+        clock: The time leases and the index use; ``None``: the server's
+            clock in scripts, the wall clock elsewhere.
+    """
+
+    tenant: str
+    settings: Settings
+    connection: Connection
+    codec: Codec
+    counter: TokenCounter
+    clock: Clock | None
+
+    @property
+    def prefix(self) -> str:
+        """The first part of every key."""
+        return self.settings.key_prefix
+
+    def keys(self, session: str) -> _keys.SessionKeys:
+        """The keys of one of this tenant's sessions.
+
+        Raises:
+            InvalidIdError: ``session`` is not a valid id.
+        """
+        return _keys.session_keys(self.prefix, self.tenant, _keys.validate_id(session, "session"))
+
+    @property
+    def period_ms(self) -> int:
+        """How long a call's reply is kept for its retries (``idempotency_seconds``), ms."""
+        return int(self.settings.idempotency_seconds * 1000)
+
+    def wall_ms(self) -> int:
+        """Now, in ms: the injected clock's time, else this machine's."""
+        return self.clock.now_ms() if self.clock is not None else int(time.time() * 1000)
+
+
+class Memo(Generic[K, V]):
+    """A per-process memo with a bound on its size: the oldest entry goes first.
+
+    Args:
+        limit: The most entries kept.
+    """
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._limit = limit
+        self._items: dict[K, V] = {}
+
+    def get(self, key: K) -> V | None:
+        """The value kept for ``key``, or ``None``."""
+        return self._items.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        """Keep ``value`` for ``key``, forgetting the oldest entry when full."""
+        if key not in self._items and len(self._items) >= self._limit:
+            del self._items[next(iter(self._items))]
+        self._items[key] = value
+
+    def discard(self, key: K) -> None:
+        """Forget ``key``."""
+        self._items.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self._items.clear()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)

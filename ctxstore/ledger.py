@@ -1,0 +1,584 @@
+"""The local summarizer: a facts ledger and a narrative, offline and deterministic.
+
+The local summarizer (:class:`LocalSummarizer`) folds a conversation's turns into two levels:
+
+- the **ledger**, one line per fact a later turn may need, grouped by kind
+  (the task and requests, constraints, decisions, preferences, identifiers,
+  numbers, names, dates, paths, tool errors, tool outcomes). Each fact is
+  keyed by its subject: a later value for the same subject overwrites it and
+  keeps the old one beside it (``batch size: 384 (was 512)``); a restatement
+  counts as a reference instead of a new line. Over budget, the facts of the
+  lowest kinds that were referred to least go first, never by age; the first
+  statement of the task stays.
+- the **narrative**, one bullet per stretch of the conversation (what was
+  asked, which tools ran and how they ended, what was noted), the oldest
+  shrunk first.
+
+Facts are read by regexes and heuristics, no network and no model: from prose
+by :mod:`ctxstore._facts`, from messages and tool results by
+:mod:`ctxstore._turns`; the narrative is :mod:`ctxstore._narrative`. The
+entries travel in :attr:`Summary.state` between folds, so folding in batches
+gives the ledger one pass would. With no state (a text this summarizer or
+another wrote), the previous ledger is read back line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import fields
+from functools import lru_cache
+from typing import Any
+
+from ctxstore._facts import (
+    BULLET,
+    ENTITIES,
+    STATEMENTS,
+    STOP,
+    TOKEN,
+    Entry,
+    Fact,
+    Kind,
+    clip,
+    content,
+    first_sentence,
+    is_request,
+    key_of,
+    named,
+    norm,
+    plain,
+    signature,
+    similar,
+    statements,
+    valueish,
+)
+from ctxstore._narrative import NARRATIVE, Story, fit_narrative
+from ctxstore._turns import OUTCOME, failure, notes, outcome, reported, turn
+from ctxstore.models import Summary
+from ctxstore.tokens import TiktokenCounter, TokenCounter
+
+__all__ = ["HEADER", "NARRATIVE", "LocalSummarizer"]
+
+HEADER = 'Ledger (current values; "was" marks a replaced one):'
+"""The ledger's first line; it tells this summarizer's text from another's."""
+
+
+# Heading and eviction weight, in render order: constraints and decisions outrank
+# everything else, requests outrank what tools said, errors outrank plain entities.
+_KINDS: dict[Kind, tuple[str, int]] = {
+    Kind.REQUEST: ("Requests", 3),
+    Kind.CONSTRAINT: ("Constraints", 10),
+    Kind.DECISION: ("Decisions", 9),
+    Kind.PREFERENCE: ("Preferences", 8),
+    Kind.IDENTIFIER: ("Identifiers", 6),
+    Kind.NUMBER: ("Numbers", 6),
+    Kind.NAME: ("Names", 5),
+    Kind.DATE: ("Dates", 6),
+    Kind.PATH: ("Paths", 5),
+    Kind.ERROR: ("Errors", 7),
+    Kind.TOOL: ("Tools", 2),
+}
+_HEADINGS = {f"{heading}:": kind for kind, (heading, _) in _KINDS.items()}
+_CORRECTABLE = frozenset(Kind) - {Kind.TOOL, Kind.ERROR, Kind.REQUEST}
+_ATTRIBUTES = ENTITIES | {Kind.NUMBER}
+_FIELDS = tuple(f.name for f in fields(Entry))
+TASK = "task"  # the key of the first request, which is never evicted
+_MAX_ENTRIES = 400  # bounds the state; far more than a ledger's budget can show
+# The old LocalSummarizer's lines ("- Decisions: user: ..."), read when folding its summary.
+_LEGACY = re.compile(r"^(Decisions|Errors|Facts|Requests|Tools): (?:(?:user|assistant): )?(.*)$")
+
+
+class _Ledger:
+    """The entries, the tools' records and the calls awaiting results, folded message by message."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+        self.tools: dict[str, list[Any]] = {}  # tool -> [calls, failed, [[args, outcome], ...]]
+        self.pending: dict[str, list[str]] = {}  # call id -> [tool, args]
+        self.seen = 0  # messages folded so far: the next one's ordinal
+        self.asked = 0  # user requests seen (the first is the task)
+
+    def fold(self, message: dict[str, Any], story: Story) -> None:
+        """Fold one message into the entries and into the open stretch of ``story``."""
+        n, self.seen = self.seen, self.seen + 1
+        said = turn(message)
+        if said is None:
+            return
+        if said.role in ("user", "assistant") and said.text:
+            self._read(said.text, said.role == "user", n, story)
+        for call_id, tool, arguments in said.calls:
+            self.pending[call_id] = [tool, arguments]
+        for call_id, output, flagged in said.results:
+            self._result(call_id, output, flagged, n, story)
+        # A long output's head says what it is about; scanning all of it costs more than it tells.
+        mentions = [said.text, *(r[1][:4000] for r in said.results), *(c[2] for c in said.calls)]
+        self._mentioned("\n".join(mentions).lower(), n)
+
+    def _read(self, text: str, user: bool, n: int, story: Story) -> None:
+        said = list(statements(text))
+        if user:
+            # A sentence that states facts is kept as those facts, which a correction updates.
+            asks = (clip(s, 200) for s, facts in said if not facts and is_request(s))
+            request = next(asks, None)
+            story.begin(request or first_sentence(text))
+            if self.asked == 0:
+                request = clip(first_sentence(text), 200)  # the first message states the task
+            if request:
+                words = content(request)
+                key = TASK if self.asked == 0 else signature(words)
+                self.asked += 1
+                entry = Entry(Kind.REQUEST, key, request, user=True, words=words)
+                self.add(Fact(entry, None, False), n)
+        for _, facts in said:
+            for fact in facts:
+                fact.entry.user = user
+                self.add(fact, n, story)
+
+    def _result(self, call_id: str, output: str, flagged: bool, n: int, story: Story) -> None:
+        tool, arguments = self.pending.pop(call_id, ["a tool", ""])
+        error = failure(output, flagged)
+        ended = "failed" if error else outcome(output)  # the error has a line of its own
+        story.ran(tool, arguments, ended)
+        calls, failed, recent = self.tools.get(tool, [0, 0, []])
+        recent = [*[r for r in recent if r[0] != arguments][-1:], [arguments, ended]]
+        calls, failed = calls + 1, failed + bool(error)
+        self.tools[tool] = [calls, failed, recent]
+        shown = "; ".join(f"{a} → {o}" if a else o for a, o in recent)
+        tally = f"{calls} call{'s' * (calls > 1)}" + (f", {failed} failed" if failed else "")
+        key = f"tool:{tool}"
+        entry = self.entries.setdefault(key, Entry(Kind.TOOL, key, "", f"{tool}: ", first=n))
+        entry.value, entry.last = clip(f"{tally}; {shown}", 160), n
+        entry.strong = bool(error) or bool(OUTCOME.search(ended))
+        label = f"{tool}({arguments}): " if arguments else f"{tool}: "
+        for said in dict.fromkeys([error, *reported(output)] if error else reported(output)):
+            key = "error:" + re.sub(r"\d+|0x[0-9a-f]+", "#", said.lower())  # the same error again
+            entry = Entry(Kind.ERROR, key, said, label, strong=True, words=content(said))
+            self.add(Fact(entry, None, False), n, story)
+        for fact in notes(output):
+            self.add(fact, n, story)
+
+    def add(self, fact: Fact, n: int, story: Story | None = None) -> None:
+        """Fold one fact stated at message ``n``: correct, restate, merge or add an entry."""
+        new = fact.entry
+        new.first = new.last = n
+        new.words = new.words[:12]
+        target = self._holding(fact.was, new) if fact.was else None
+        old = fact.was if target is not None else None  # named as replaced: a correction
+        if fact.was and target is None:
+            new.old = [fact.was]  # "from 30s to 60s" with no 30s on record yet
+        target = target or self._same_subject(new, fact.marked and not fact.was, n)
+        if target is not None and (old or not _restates(new, target)):
+            target.fixed = target.fixed or bool(old) or fact.marked
+            old = old or _replaced(target, new)
+            self._correct(target, new, old, n)
+            self._sweep(target, old)
+            if story is not None:
+                story.note(_rank(target)[1], _line(target))
+            return
+        target = target or self._duplicate(new)
+        if target is not None:
+            target.refs, target.last, target.user = target.refs + 1, n, target.user or new.user
+            return
+        if new.key in self.entries:  # worded like another statement, yet different
+            new.key = f"{new.key}={norm(new.value)}"
+        self.entries[new.key] = new
+        if story is not None:
+            story.note(_rank(new)[1], _line(new))
+        if len(self.entries) > _MAX_ENTRIES:
+            del self.entries[min(self.entries.values(), key=_rank).key]
+
+    def _holding(self, old: str, new: Entry) -> Entry | None:
+        """The entry whose value a statement says it replaces ("instead of X")."""
+        phrase = norm(old)
+        pattern = re.compile(rf"(?<!\w){re.escape(phrase)}(?!\w)")
+        # A distinct old value ("Ambergate Systems", "$764") is found in a line of any kind.
+        distinct = 2 * any(valueish(w) or w[:1].isupper() for w in old.split())
+        best: tuple[int, int] | None = None
+        found = None
+        for entry in self.entries.values():
+            if entry.kind in (Kind.TOOL, Kind.ERROR) or not pattern.search(norm(entry.value)):
+                continue
+            # "a list" in "use a set instead of a list" must not overwrite any line with "list".
+            score = 2 * (entry.kind is new.kind) + 2 * (norm(entry.value) == phrase) + distinct
+            if score >= 2 and (best is None or (score, entry.last) > best):
+                best, found = (score, entry.last), entry
+        return found
+
+    def _same_subject(self, new: Entry, marked: bool, n: int) -> Entry | None:
+        """The entry a statement restates or corrects by being about the same subject.
+
+        ``marked``: the statement says it corrects something but not which value.
+        """
+        if new.kind in (Kind.TOOL, Kind.ERROR, Kind.REQUEST):
+            return None
+        entry = self.entries.get(new.key)
+        if entry is not None and not new.key.startswith("~") and entry.kind in _CORRECTABLE:
+            return entry
+        if new.kind in STATEMENTS:
+            for entry in self.entries.values():
+                if entry.kind is not new.kind or entry.key == TASK:
+                    continue
+                # Alike but for a value, unmarked, is another fact: "don't touch a.py", "... b.py".
+                if marked and similar(plain(new.words), plain(entry.words)) >= 0.34:
+                    return entry
+        if marked and new.strong:  # "latency is 250 ms now" corrects "p95 latency: 230 ms"
+            words = set(new.key.split())
+            keyed = [
+                e
+                for e in self.entries.values()
+                if e.kind in _CORRECTABLE
+                and words <= set(e.key.split()) | set(key_of(e.pre).split())
+            ]
+            if keyed:
+                return max(keyed, key=lambda e: e.last)
+        if marked:  # "scratch that": the latest statement of its kind, if it is fresh
+            recent = [e for e in self.entries.values() if e.kind is new.kind and e.last >= n - 4]
+            overlap = [e for e in recent if (set(e.words) & set(new.words)) - STOP]
+            if overlap:
+                return max(overlap, key=lambda e: e.last)
+        return None
+
+    def _duplicate(self, new: Entry) -> Entry | None:
+        for entry in self.entries.values():
+            if entry.kind is Kind.TOOL:
+                continue
+            if norm(entry.value) == norm(new.value):
+                if entry.key == new.key or {new.kind, entry.kind} <= ENTITIES:
+                    if new.strong and not entry.strong and entry.kind in ENTITIES:
+                        entry.pre, entry.strong = new.pre, True  # now we know whose it is
+                    return entry
+            elif new.kind in STATEMENTS and entry.kind is new.kind and _template(new, entry):
+                # "Don't touch a.py for now" and "... b.py for now": one line, values listed.
+                values = [
+                    w for w in TOKEN.findall(new.value) if valueish(w) and w not in entry.value
+                ]
+                entry.more = [v for v in entry.more if v not in values][-8:] + values
+                return entry
+            elif new.kind in STATEMENTS and entry.kind is new.kind:
+                # A request is the same one whatever it names ("check why X is slow").
+                request = new.kind is Kind.REQUEST
+                words = [plain(e.words) if request else e.words for e in (new, entry)]
+                if similar(*words) >= 0.75:
+                    return entry
+        return None
+
+    def _correct(self, target: Entry, new: Entry, old: str, n: int) -> None:
+        target.old = [o for o in target.old if norm(o) != norm(new.value)] + [old]
+        if _KINDS[new.kind][1] > _KINDS[target.kind][1] or target.kind not in STATEMENTS:
+            target.kind = new.kind
+        target.value, target.pre, target.post = new.value, new.pre, new.post
+        target.words, target.user, target.last = new.words, target.user or new.user, n
+
+    def _sweep(self, target: Entry, old: str) -> None:
+        """Drop other lines that still state a replaced value; the task says what replaced it."""
+        pattern = re.compile(rf"(?<!\w){re.escape(old.lower())}(?!\w)")
+        distinct = not re.fullmatch(r"[\d.,]{1,4}", old)  # "512" alone may be anything
+        for entry in list(self.entries.values()):
+            line = _line(entry).lower()
+            if entry is target or entry.kind in (Kind.TOOL, Kind.ERROR):
+                continue
+            if pattern.search(line) and (distinct or target.key in line):
+                if entry.key == TASK:
+                    entry.post = f" (now {_gist(target, old)})"
+                else:
+                    del self.entries[entry.key]
+
+    def _mentioned(self, text: str, n: int) -> None:
+        """Count a reference for each earlier entry this message names by key or value."""
+        for entry in self.entries.values():
+            if entry.last < n:
+                for anchor in _anchors(entry.kind, entry.key, entry.value, entry.strong):
+                    if anchor in text:
+                        entry.refs += 1
+                        break
+
+    def dump(self, story: Story) -> str:
+        """The state to carry to the next fold, as JSON."""
+        entries = [{f: getattr(e, f) for f in _FIELDS} for e in self.entries.values()]
+        state = {"v": 1, "seen": self.seen, "asked": self.asked, "entries": entries}
+        pending = dict(list(self.pending.items())[-64:])  # calls whose results never came
+        state |= {"tools": self.tools, "pending": pending, "open": story.open()}
+        return json.dumps(state, ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def load(cls, state: str, story: Story) -> _Ledger | None:
+        """The ledger a :meth:`dump` saved (its open stretch into ``story``), else None."""
+        try:
+            data = json.loads(state)
+            ledger = cls()
+            for item in data["entries"]:
+                entry = Entry(**{**item, "kind": Kind(item["kind"])})
+                ledger.entries[entry.key] = entry
+            ledger.tools, ledger.pending = dict(data["tools"]), dict(data["pending"])
+            ledger.seen, ledger.asked = int(data["seen"]), int(data["asked"])
+            story.reopen(data["open"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        return ledger
+
+
+@lru_cache(maxsize=8192)
+def _anchors(kind: Kind, key: str, value: str, strong: bool) -> tuple[str, ...]:
+    """What a later message says when it refers to an entry: its subject or a distinct value."""
+    found = []
+    if strong and len(key) >= 4 and not key.startswith(("~", "tool:", "error:")) and key != TASK:
+        found.append(key)
+    lowered = value.lower()
+    distinct = kind in ENTITIES or (kind is Kind.NUMBER and re.search(r"\d{3}|,|\s", lowered))
+    if distinct and len(lowered) >= 4:  # "16" or "ok" would match everywhere
+        found.append(lowered)
+    return tuple(found)
+
+
+def _template(new: Entry, old: Entry) -> bool:
+    """Whether two statements are worded alike and differ only in their values."""
+    values = [w for w in new.words if valueish(w)]
+    return bool(values) and similar(plain(new.words), plain(old.words)) >= 0.8
+
+
+def _restates(new: Entry, old: Entry) -> bool:
+    """Whether ``new`` says what ``old`` said (a statement may add to it, naming all it named)."""
+    if norm(new.value) == norm(old.value):
+        return True
+    if new.kind not in STATEMENTS or old.pre:
+        return False
+    names = named(old.value)
+    return (bool(names) and names <= named(new.value)) or similar(new.words, old.words) >= 0.75
+
+
+def _replaced(target: Entry, new: Entry) -> str:
+    """How the value a correction overwrites is shown beside the new one."""
+    if target.kind not in STATEMENTS or target.pre:
+        return target.value
+    lowered = new.value.lower()
+    gone = [w for w in TOKEN.findall(target.value)[1:] if w.lower() not in lowered]
+    gone = [w for w in gone if w.lower() not in STOP]
+    shown = [w for w in gone if w.lower() in named(target.value)] or gone[:4]
+    return " ".join(shown) if shown else clip(target.value, 60)
+
+
+def _gist(entry: Entry, old: str) -> str:
+    """An entry's new value in a few words: a statement's names and values but the ``old``."""
+    if entry.pre or entry.kind not in STATEMENTS:
+        return entry.value
+    gone = {w.lower() for w in TOKEN.findall(old)}
+    names = [w for w in TOKEN.findall(entry.value) if w.lower() in named(entry.value) - gone]
+    return " ".join(names[:4]) or clip(entry.value, 40)
+
+
+def _rank(entry: Entry) -> tuple[bool, int, int, str]:
+    """Eviction order, worst first: never by age.
+
+    The task first; then by score: the kind's weight, references (up to 5), a stated
+    subject, the user's word over the agent's, an explicit correction. On a tie the
+    earlier statement stays: the newest turns are still in the view, raw.
+    """
+    score = _KINDS[entry.kind][1] + 2 * min(entry.refs, 5) + 2 * entry.user + 2 * entry.strong
+    # A value said in passing, with no subject ("#44783", "logs show 49"), is context.
+    score -= 2 * (entry.kind in _ATTRIBUTES and not entry.strong)
+    score += 3 * entry.fixed  # a correction, not a tally's new count
+    score += 2 * (entry.kind is Kind.TOOL and entry.strong)  # "42 passed" over "12 lines"
+    return (entry.key == TASK, score, -entry.first, entry.key)
+
+
+def _line(entry: Entry) -> str:
+    # An old value the new statement already names ("X instead of Y") needs no "was".
+    old = [o for o in entry.old[-2:] if o.lower() not in entry.value.lower()]
+    was = f" (was {', '.join(reversed(old))})" if old else ""
+    extra = f" and {len(entry.more) - 3} more" if len(entry.more) > 3 else ""
+    more = f" (also {', '.join(entry.more[-3:])}{extra})" if entry.more else ""
+    return f"{entry.pre}{entry.value}{entry.post}{was}{more}"
+
+
+# -- rendering and parsing ----------------------------------------------------------
+
+
+def _render(entries: list[Entry], budget: int, counter: TokenCounter) -> str:
+    """The ledger text: the best-ranked entries that fit ``budget`` tokens.
+
+    cl100k never merges across the start of a line, so a text's tokens are the
+    sum of each line's with its newline: lines are costed one by one, exactly.
+    """
+    chosen: list[Entry] = []
+    used = counter.count(f"{HEADER}\n")
+    kinds: set[Kind] = set()
+    for entry in sorted(entries, key=_rank, reverse=True):
+        cost = counter.count(f"{_bullet(entry)}\n")
+        if entry.kind not in kinds and entry.key != TASK:
+            cost += counter.count(f"{_KINDS[entry.kind][0]}:\n")
+        if used + cost <= budget + 1:  # the last line has no newline
+            chosen.append(entry)
+            used += cost
+            kinds.add(entry.kind)
+    text = _layout(chosen, entries)
+    while chosen and counter.count(text) > budget:
+        chosen.pop()
+        text = _layout(chosen, entries)
+    return text if chosen else ""
+
+
+def _bullet(entry: Entry) -> str:
+    return f"Task: {_line(entry)}" if entry.key == TASK else f"- {_line(entry)}"
+
+
+def _layout(chosen: list[Entry], entries: list[Entry]) -> str:
+    """The chosen entries under their headings, each kind in the order its facts were stated."""
+    picked = {id(e) for e in chosen}
+    ordered = [e for e in entries if id(e) in picked]  # first seen first, as the state keeps them
+    lines = [HEADER, *(_bullet(e) for e in ordered if e.key == TASK)]
+    for kind, (heading, _) in _KINDS.items():
+        group = sorted(
+            (e for e in ordered if e.kind is kind and e.key != TASK), key=lambda e: e.first
+        )
+        if group:
+            lines += [f"{heading}:", *(_bullet(e) for e in group)]
+    return "\n".join(lines)
+
+
+def _parse(text: str) -> tuple[_Ledger, list[str], list[str]]:
+    """A summary's text as entries, its narrative's lines, and lines of no known form."""
+    ledger, narrative, foreign = _Ledger(), [], []
+    ledger.asked, kind, section = 1, None, "foreign"
+    lines = [line.strip() for line in text.splitlines()]
+    for index, line in enumerate(lines):
+        if line in (HEADER, NARRATIVE):
+            section = "ledger" if line == HEADER else "narrative"
+        elif section == "narrative" and line:
+            narrative.append(line)
+        elif section == "ledger" and line in _HEADINGS:
+            kind = _HEADINGS[line]
+        elif section == "ledger" and (line.startswith("Task: ") or (kind and line[:2] == "- ")):
+            entry = _parsed(kind if line[:2] == "- " else None, line.partition(" ")[2])
+            entry.first = entry.last = index - len(lines)  # before any new message, in order
+            ledger.entries.setdefault(entry.key, entry)
+        elif line:
+            foreign.append(line)
+    return ledger, narrative, foreign
+
+
+def _parsed(kind: Kind | None, body: str) -> Entry:
+    """An entry from its ledger line (``kind`` None: the task)."""
+    old: list[str] = []
+    more: list[str] = []
+    if match := re.search(r" \(also (.+?)(?: and (\d+) more)?\)$", body):
+        more = ["?"] * int(match[2] or 0) + match[1].split(", ")  # the values not shown are lost
+        body = body[: match.start()]
+    if match := re.search(r" \(was (.+)\)$", body):
+        old, body = list(reversed(match[1].split(", "))), body[: match.start()]
+    if kind is None:
+        return Entry(Kind.REQUEST, TASK, body, old=old, more=more, user=True, words=content(body))
+    found = [f.entry for _, facts in statements(body) for f in facts]
+    if kind not in (Kind.TOOL, Kind.ERROR) and len(found) == 1 and _line(found[0]) == body:
+        entry = found[0]  # read back as it was written: subject, value and all
+        entry.kind, entry.old, entry.more = kind, old, more
+        return entry
+    pre, value = "", body
+    match = re.match(r"([^:]{1,60}?: )(.+)$", body)
+    if match and kind not in (Kind.REQUEST, Kind.DECISION, Kind.PREFERENCE):
+        pre, value = match[1], match[2]
+    label = pre.removesuffix(": ")
+    key = {Kind.TOOL: f"tool:{label}", Kind.ERROR: f"error:{value.lower()}"}.get(kind)
+    words = content(body)
+    key = key or (label.lower() if pre else value.lower() if kind in ENTITIES else signature(words))
+    return Entry(kind, key, value, pre, old=old, more=more, strong=bool(pre), words=words)
+
+
+def _legacy(ledger: _Ledger, line: str) -> bool:
+    """Fold one line of another summarizer's text; False when it states nothing known."""
+    legacy = _LEGACY.match(BULLET.sub("", line))
+    heading, body = legacy.groups() if legacy else ("", BULLET.sub("", line))
+    facts = [fact for _, found in statements(body) for fact in found]
+    if not facts and heading in ("Decisions", "Errors", "Requests"):
+        kind = {"Decisions": Kind.DECISION, "Errors": Kind.ERROR}.get(heading, Kind.REQUEST)
+        words = content(body)
+        facts = [Fact(Entry(kind, signature(words), clip(body, 200), words=words), None, False)]
+    for fact in facts:
+        ledger.add(fact, -1)
+    return bool(facts)
+
+
+# -- the summarizer -----------------------------------------------------------------
+
+
+class LocalSummarizer:
+    """A deterministic, extractive two-level summarizer that needs no network.
+
+    Used where no API key is set. Its ledger keeps, keyed by subject, what an
+    agent needs to carry on; a correction overwrites the fact it corrects and
+    keeps the old value beside it.
+
+    Args:
+        counter: Counts the summary's tokens; cl100k by default.
+    """
+
+    name = "local-ledger"
+
+    def __init__(self, counter: TokenCounter | None = None) -> None:
+        self._counter = counter or TiktokenCounter()
+
+    async def summarize_levels(
+        self,
+        previous: Summary | None,
+        messages: Sequence[dict[str, Any]],
+        *,
+        max_tokens: int,
+        ledger_tokens: int | None = None,
+    ) -> Summary:
+        """Fold ``messages`` into ``previous`` and render both levels within budget.
+
+        Args:
+            previous: The last summary, or None for the first. Without a state
+                (another summarizer's text) its ledger is parsed as well as can be.
+            messages: The turns after it, oldest first.
+            max_tokens: The budget of the ledger and the narrative joined by a blank line.
+            ledger_tokens: The ledger's budget; ``min(600, max_tokens // 3)`` by default.
+
+        Returns:
+            The new summary; its ``state`` carries the entries to the next fold.
+        """
+        ledger, story = _resume(previous)
+        for message in messages:
+            ledger.fold(message, story)
+        default = min(600, max_tokens // 3)
+        budget = min(max_tokens, default if ledger_tokens is None else ledger_tokens)
+        text = _render(list(ledger.entries.values()), budget, self._counter)
+        spare = max_tokens - (self._counter.count(f"{text}\n\n") if text else 0)
+        lines = [*story.lines, story.bullet()]
+        narrative = fit_narrative(lines, spare, self._counter)
+        while text and narrative and self._counter.count(f"{text}\n\n{narrative}") > max_tokens:
+            spare -= 4  # tokens can merge across the join: fit a little tighter
+            narrative = fit_narrative(lines, spare, self._counter)
+        return Summary(text, narrative, ledger.dump(story))
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[dict[str, Any]], *, max_tokens: int
+    ) -> str:
+        """The one-level protocol: the ledger, a blank line and the narrative, as one text.
+
+        Args:
+            previous: An earlier summary's text (this summarizer's is read back
+                entry by entry; another's, line by line), or None.
+            messages: The turns after it, oldest first.
+            max_tokens: The budget of the whole text.
+
+        Returns:
+            The new summary's text.
+        """
+        earlier = Summary(previous, "", None) if previous else None
+        summary = await self.summarize_levels(earlier, messages, max_tokens=max_tokens)
+        return "\n\n".join(part for part in (summary.ledger, summary.narrative) if part)
+
+
+def _resume(previous: Summary | None) -> tuple[_Ledger, Story]:
+    """The ledger and story to fold into: from the state, else read from the text."""
+    story = Story()
+    if previous is None:
+        return _Ledger(), story
+    story.lines = _parse(f"{NARRATIVE}\n{previous.narrative}")[1]
+    ledger = _Ledger.load(previous.state, story) if previous.state else None
+    if ledger is None:
+        ledger, own, foreign = _parse(f"{previous.ledger}\n{previous.narrative}")
+        unread = [ln for ln in foreign if not _legacy(ledger, ln) and not ln.endswith(":")]
+        story.lines = [f"- {clip(BULLET.sub('', ln), 200)}" for ln in unread] + own
+    return ledger, story

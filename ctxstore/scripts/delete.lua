@@ -1,0 +1,39 @@
+-- delete: delete a session, leaving a tombstone that carries its epoch and sequence on.
+--
+-- KEYS[1..8] the session's keys (log, meta, view, lease, idem, idem_old, keep, anchor),
+-- KEYS[9] gone
+-- ARGV[1] this call's id (random, the same on every retry of the call)
+-- ARGV[2] how long the tombstone lasts, ms
+-- ARGV[3] now in ms, or '' to use the Redis server's clock
+-- ARGV[4] idempotency period, ms: how long this call's reply is kept for a retry
+--
+-- Races it closes: a session deleted and written again must not start over
+-- at epoch 0 and sequence 0 (an append-if or a paged reader of the old
+-- history would take the new one for it), nor with a full rate bucket: the
+-- tombstone holds the next epoch, a sequence number past the last and the
+-- bucket, which the next creating write continues from. The idempotency
+-- hashes are kept (they expire on their own): an append retried after the
+-- delete is answered as it was applied, never written again into a new
+-- life. A retry of a delete whose reply was lost is answered with its
+-- recorded reply, whatever happened since (another pod's append that
+-- created the session again is not deleted a second time).
+--
+-- Returns {existed 0/1, the reservation that created the deleted session (or ''), now}.
+local now = now_ms(ARGV[3])
+local prev = recorded(KEYS[5], KEYS[6], ARGV[1])
+if prev then
+  local existed, rsv = string.match(prev, '^(%d) ?(%S*)$')
+  return {tonumber(existed), rsv, now}
+end
+local meta = redis.call('HMGET', KEYS[2], 'epoch', 'seq', 'rsv', 'rl_tokens', 'rl_at')
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[8])
+local period = tonumber(ARGV[4])
+if not meta[2] then  -- nothing, or a lease's fence alone
+  record(KEYS[5], ARGV[1], '0', period)
+  return {0, '', now}
+end
+redis.call('SET', KEYS[9], tombstone(meta[1], meta[2], meta[4], meta[5]),
+           'PX', tonumber(ARGV[2]))
+local rsv = meta[3] or ''
+record(KEYS[5], ARGV[1], '1 ' .. rsv, period)
+return {1, rsv, now}

@@ -1,0 +1,563 @@
+"""A tenant's own state: its index of sessions, its quotas, and forgetting it.
+
+The tenant's keys carry the tag ``{tenant}`` and so live in another slot than
+its sessions' keys: the index is maintained beside the session scripts, in
+its own round trips, and kept true by pruning sessions whose keys are gone.
+
+- :class:`TenantIndex`: the sorted set of the tenant's sessions (session ->
+  last activity, ms), for listing, the session quota, the workers' sweep and
+  :func:`forget_tenant`.
+- :class:`Quotas`: the tenant's own limits over the settings' defaults,
+  resolved and cached for 30 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ctxstore import _keys
+from ctxstore._codec import Meta, pairs, scored, text
+from ctxstore._scope import Memo, Scope
+from ctxstore._scripts import SCRIPTS
+from ctxstore._validate import INT64, check_int
+from ctxstore.errors import (
+    CorruptEntryError,
+    CtxstoreError,
+    ForgetIncompleteError,
+    InvalidIdError,
+    InvalidInputError,
+    QuotaExceededError,
+    StoreError,
+)
+from ctxstore.lease import clock_arg
+from ctxstore.models import SessionSummary, TenantLimits
+from ctxstore.tokens import safety_factor
+
+if TYPE_CHECKING:
+    from ctxstore.jobs import Handoff
+
+__all__ = [
+    "NO_RESERVATION",
+    "Limits",
+    "Quotas",
+    "Ratios",
+    "Reservation",
+    "TenantIndex",
+    "forget_tenant",
+]
+
+log = logging.getLogger(__name__)
+
+LIMITS_TTL = 30.0
+"""Seconds a tenant's limits are cached by a process."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The limits in force for one tenant, resolved; 0 means no limit."""
+
+    message_bytes: int
+    session_bytes: int
+    session_tokens: int
+    sessions: int
+    appends_per_second: float
+    append_burst: int
+    ttl_ms: int
+
+    @property
+    def ttl_arg(self) -> int | str:
+        """The default TTL as the scripts take it."""
+        return self.ttl_ms or ""
+
+
+class Quotas:
+    """A tenant's limits: its own (set by an operator) over the settings' defaults."""
+
+    def __init__(self, scope: Scope) -> None:
+        self._scope = scope
+        self._key = _keys.tenant_limits_key(scope.prefix, scope.tenant)
+        self._cached: tuple[float, Limits] | None = None
+
+    async def own(self, session: str | None = None) -> TenantLimits:
+        """The tenant's own limits, as stored (``None`` fields: the settings' defaults).
+
+        Raises:
+            CorruptEntryError: The stored limits cannot be read.
+        """
+        key = self._key
+        (raw,) = await self._scope.connection.transaction(
+            [("HGETALL", key)], key=key, session=session
+        )
+        fields = pairs(raw)
+        try:
+            return TenantLimits.model_validate_json(fields["limits"]) if fields else TenantLimits()
+        except (KeyError, ValueError) as exc:
+            raise CorruptEntryError(f"the tenant's limits cannot be read: {exc}", key=key) from exc
+
+    async def set(self, limits: TenantLimits) -> None:
+        """Store the tenant's own limits (applies within ``LIMITS_TTL`` everywhere)."""
+        if not isinstance(limits, TenantLimits):
+            raise InvalidInputError("limits must be a TenantLimits")
+        await self._scope.connection.transaction(
+            [("HSET", self._key, "limits", limits.model_dump_json(exclude_none=True))],
+            key=self._key,
+        )
+        self._cached = None
+
+    async def resolved(self, session: str | None = None) -> Limits:
+        """The limits in force: the tenant's own over the settings', cached 30 s."""
+        now = time.monotonic()
+        cached = self._cached
+        if cached is not None and now - cached[0] < LIMITS_TTL:
+            return cached[1]
+        own = await self.own(session)
+        s = self._scope.settings
+
+        def pick(mine: Any, default: Any) -> Any:
+            return mine if mine is not None else default
+
+        ttl = pick(own.ttl_seconds, s.session_ttl_seconds)
+        limits = Limits(
+            message_bytes=min(pick(own.message_bytes, s.max_message_bytes), s.max_message_bytes),
+            session_bytes=pick(own.session_bytes, s.session_bytes) or 0,
+            session_tokens=pick(own.session_tokens, s.session_tokens) or 0,
+            sessions=pick(own.sessions, s.max_sessions) or 0,
+            appends_per_second=pick(own.appends_per_second, s.appends_per_second) or 0,
+            append_burst=pick(own.append_burst, s.append_burst),
+            ttl_ms=ttl * 1000 if ttl else 0,
+        )
+        self._cached = (now, limits)
+        return limits
+
+    def forget(self) -> None:
+        """Drop the cached limits (they were deleted or changed)."""
+        self._cached = None
+
+    @property
+    def key(self) -> str:
+        """The hash holding the tenant's own limits."""
+        return self._key
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A place in the tenant's index that a write may create the session under.
+
+    Attributes:
+        token: Names it in the index's pending reservations.
+        deadline_ms: A write may create the session until then (the index's time).
+    """
+
+    token: str
+    deadline_ms: int
+
+    @property
+    def args(self) -> tuple[str, int]:
+        """As the write scripts take it."""
+        return self.token, self.deadline_ms
+
+
+NO_RESERVATION = ("", 0)
+"""The write scripts' arguments when no reservation is held."""
+
+
+class TenantIndex:
+    """The tenant's sessions, scored by last activity: listing, session quota, pruning.
+
+    The index and the sessions live in different slots, so they cannot change
+    in one step; a protocol keeps them true instead (see ``reserve.lua`` and
+    ``unlist.lua``): a write may create a session only under a live
+    reservation, which lists it first; a session seen gone is taken out only
+    when no reservation that could still create it is pending. So a session
+    whose keys exist is always listed (listing, the session quota, the
+    workers' sweep and ``forget_tenant`` see it), and one listed but gone is
+    found and pruned when the index is read.
+    """
+
+    def __init__(self, scope: Scope) -> None:
+        self._scope = scope
+        self.key = _keys.tenant_sessions_key(scope.prefix, scope.tenant)
+        self.tenants_key = _keys.tenants_key(scope.prefix)
+        self._pending = _keys.tenant_pending_keys(scope.prefix, scope.tenant)
+        self.deleted_key = _keys.tenant_deleted_key(scope.prefix, scope.tenant)
+        self._known: Memo[str, float] = Memo()  # sessions this process wrote, last touched
+
+    @property
+    def keys(self) -> tuple[str, str, str, str]:
+        """The index, its pending reservations and deleted sessions, as its scripts take them."""
+        return (self.key, *self._pending, self.deleted_key)
+
+    def knows(self, session: str) -> bool:
+        """True when this process has written the session (it exists, unless deleted since)."""
+        return session in self._known
+
+    def written(self, session: str) -> None:
+        """Record that this process wrote the session (and listed or touched it)."""
+        self._known.put(session, time.monotonic())
+
+    async def touch(self, session: str) -> None:
+        """Refresh the session's last activity (at most once per ``index_interval`` here).
+
+        Only a listed session's score is changed (``ZADD XX``): listing is the
+        reservation's job, under the quota.
+        """
+        now = time.monotonic()
+        last = self._known.get(session)
+        if last is not None and now - last < self._scope.settings.index_interval:
+            return
+        self._known.put(session, now)
+        try:
+            await self._scope.connection.transaction(
+                [("ZADD", self.key, "XX", self._scope.wall_ms(), session)],
+                session=session,
+                key=self.key,
+            )
+        except CtxstoreError:
+            self._known.discard(session)  # try again on the next write
+            raise
+
+    async def reserve(self, session: str, limits: Limits) -> Reservation:
+        """List the session, within the session quota, for a write that may create it.
+
+        Raises:
+            QuotaExceededError: The tenant has as many sessions as it may.
+        """
+        await self._register()
+        token = secrets.token_urlsafe(9)
+        reply = await self._reserve_once(session, limits, token)
+        if int(reply[0]) != 1:
+            # Full: some listed sessions may be gone (expired, deleted). Prune, ask again.
+            (members,) = await self._scope.connection.transaction(
+                [("ZRANGE", self.key, 0, -1)], key=self.key
+            )
+            if await self.prune([text(m) for m in members]):
+                reply = await self._reserve_once(session, limits, token)
+        if int(reply[0]) != 1:
+            raise QuotaExceededError(
+                "sessions",
+                limits.sessions,
+                int(reply[1]) + 1,
+                tenant=self._scope.tenant,
+                session=session,
+                key=self.key,
+            )
+        return Reservation(token, int(reply[1]))
+
+    async def _reserve_once(self, session: str, limits: Limits, token: str) -> Any:
+        return await self._scope.connection.script(
+            SCRIPTS.reserve,
+            self.keys,
+            (
+                session,
+                clock_arg(self._scope.clock),
+                limits.sessions,
+                token,
+                RESERVATION_MS,
+                CLOCK_MARGIN_MS,
+            ),
+            session=session,
+        )
+
+    async def _register(self) -> None:
+        """Put the tenant in the tenants set (the workers' sweep walks it).
+
+        On every reservation, not once per process: ``forget_tenant`` (on any
+        pod) takes the tenant out, and its next session must bring it back.
+        """
+        await self._scope.connection.transaction(
+            [("SADD", self.tenants_key, self._scope.tenant)], key=self.tenants_key
+        )
+
+    async def unlist(
+        self,
+        seen_at: int,
+        gone: list[tuple[str, str]],
+        *,
+        force: bool = False,
+        deleted_until: int = 0,
+    ) -> int:
+        """Take sessions seen gone at ``seen_at`` (ms) out of the index (see unlist.lua).
+
+        Args:
+            seen_at: When they were seen gone, in the index's time (or earlier).
+            gone: (session, its reservation that is spent or given up, or "").
+            force: Remove them whatever is pending (forget_tenant, writers stopped).
+            deleted_until: For a delete: when the keys it leaves (tombstone,
+                idempotency records) expire, ms; ``forget_tenant`` finds them
+                by it until then.
+
+        Returns:
+            How many were removed.
+        """
+        if not gone:
+            return 0
+        for session, _ in gone:
+            self._known.discard(session)
+        removed = await self._scope.connection.script(
+            SCRIPTS.unlist,
+            self.keys,
+            (
+                seen_at,
+                CLOCK_MARGIN_MS,
+                "1" if force else "0",
+                deleted_until,
+                *(x for pair in gone for x in pair),
+            ),
+        )
+        return int(removed)
+
+    async def now_ms(self) -> int:
+        """The index's time (the injected clock's, if any), in ms."""
+        if self._scope.clock is not None:
+            return self._scope.clock.now_ms()
+        (now,) = await self._scope.connection.transaction([("TIME",)], key=self.key)
+        return int(now[0]) * 1000 + int(now[1]) // 1000
+
+    async def prune(self, candidates: list[str], seen_at: int | None = None) -> set[str]:
+        """Take the candidates whose keys are gone out of the index; return them.
+
+        A member that is not a valid session id (written by hand, or by a
+        tenant's own user) is removed as gone.
+
+        Args:
+            candidates: Listed sessions to check.
+            seen_at: The index's time read before this call; read here when not given.
+        """
+        if not candidates:
+            return set()
+        seen_at = await self.now_ms() if seen_at is None else seen_at
+        valid = [s for s in candidates if _valid(s)]
+        metas = [self._scope.keys(session).meta for session in valid]
+
+        def queue(pipe: Any) -> None:
+            for meta in metas:
+                pipe.hexists(meta, Meta.SEQ)  # a lease alone makes a meta, not a session
+
+        found = await self._scope.connection.pipeline(queue, key=self.key) if valid else []
+        gone = {s for s, exists in zip(valid, found, strict=True) if not int(exists)}
+        bad = set(candidates) - set(valid)
+        if bad:
+            log.warning(
+                "tenant %s: skipped %d malformed index members", self._scope.tenant, len(bad)
+            )
+        await self.unlist(seen_at, [(s, "") for s in sorted(gone | bad)])
+        return gone | bad
+
+    async def sessions(self, *, limit: int, before_ms: int | None) -> list[SessionSummary]:
+        """The tenant's sessions that exist, most recently active first.
+
+        Raises:
+            InvalidInputError: ``limit`` or ``before_ms`` is out of range.
+        """
+        check_int(limit, "limit", low=1, high=10_000)
+        check_int(before_ms, "before_ms", low=0, high=INT64, optional=True)
+        high: str | int = "+inf" if before_ms is None else f"({before_ms}"
+        seen_at, rows = await self._scope.connection.transaction(
+            [
+                ("TIME",),
+                ("ZREVRANGEBYSCORE", self.key, high, "-inf", "WITHSCORES", "LIMIT", 0, limit),
+            ],
+            key=self.key,
+        )
+        if self._scope.clock is not None:
+            now = self._scope.clock.now_ms()
+        else:
+            now = int(seen_at[0]) * 1000 + int(seen_at[1]) // 1000
+        listed = scored(rows)
+        gone = await self.prune([session for session, _ in listed], now)
+        return [
+            SessionSummary(session, _score_ms(score))
+            for session, score in listed
+            if session not in gone
+        ]
+
+    async def tenants(self) -> list[str]:
+        """Every tenant that has written a session (for operators and the workers' sweep).
+
+        Members that are not valid tenant ids (a tenant's own user may add
+        some) are left out, and logged.
+        """
+        (members,) = await self._scope.connection.transaction(
+            [("SMEMBERS", self.tenants_key)], key=self.tenants_key
+        )
+        names = sorted(text(m) for m in members)
+        valid = [name for name in names if _valid(name)]
+        if len(valid) < len(names):
+            log.warning(
+                "skipped %d malformed members of %s", len(names) - len(valid), self.tenants_key
+            )
+        return valid
+
+    def forget(self) -> None:
+        """Forget what this process remembers of the index."""
+        self._known.clear()
+
+
+async def forget_tenant(scope: Scope, index: TenantIndex, quotas: Quotas, jobs: Handoff) -> int:
+    """Delete every session of the tenant, then the tenant's own keys.
+
+    Walks the tenant's index (never ``KEYS`` or ``SCAN``), deleting each
+    session's keys (its tombstone included: nothing of it is left) and its
+    last summary job's arq keys (``jobs``), then the sessions deleted earlier
+    (what their deletes left: tombstones, idempotency records), then the
+    index, its pending reservations, the tenant's limits and its entry in
+    the tenants set.
+    What cannot be deleted (a job on an unreachable queue, the limits a
+    tenant's own user may not touch) does not stop the walk, but is reported.
+    Members that are not valid ids (a tenant's own user may add some) are
+    removed. Stop the tenant's writers first: a session created while the
+    walk runs may be missed.
+
+    Returns:
+        The number of sessions deleted.
+
+    Raises:
+        ForgetIncompleteError: Something could not be deleted (after
+            everything else was); it says what, and how many sessions went.
+    """
+    connection = scope.connection
+    removed = 0
+    left: list[str] = []
+    first_error: CtxstoreError | None = None
+    while True:
+        (names,) = await connection.transaction([("ZRANGE", index.key, 0, 199)], key=index.key)
+        if not names:
+            break
+        members = [text(raw) for raw in names]
+        for session in filter(_valid, members):
+            keys = scope.keys(session)
+            generation, deleted = await connection.transaction(
+                [("HGET", keys.meta, Meta.SUMMARY_GENERATION), ("DEL", *keys.all())],
+                session=session,
+                key=keys.meta,
+            )
+            removed += int(deleted) > 0
+            if generation:
+                try:
+                    await jobs.forget_job(scope.tenant, session, int(generation))
+                except CtxstoreError as exc:
+                    first_error = first_error or exc
+                    left.append(f"the summary job of {session}")
+        await index.unlist(0, [(member, "") for member in members], force=True)
+    # Sessions deleted earlier: their tombstones and idempotency records.
+    while True:
+        (names,) = await connection.transaction(
+            [("ZRANGE", index.deleted_key, 0, 199)], key=index.deleted_key
+        )
+        if not names:
+            break
+        members = [text(raw) for raw in names]
+        for session in filter(_valid, members):
+            keys = scope.keys(session)
+            await connection.transaction([("DEL", *keys.all())], session=session, key=keys.meta)
+        await connection.transaction([("ZREM", index.deleted_key, *members)], key=index.deleted_key)
+    ratios = _keys.tenant_ratios_key(scope.prefix, scope.tenant)
+    await connection.transaction([("DEL", *index.keys, ratios)], key=index.key)
+    # A tenant's own ACL user may neither change its limits nor the tenants
+    # set: only an operator's forget removes them.
+    for command, key, what in (
+        (("DEL", quotas.key), quotas.key, "the tenant's limits"),
+        (
+            ("SREM", index.tenants_key, scope.tenant),
+            index.tenants_key,
+            "its entry in the tenants set",
+        ),
+    ):
+        try:
+            await connection.transaction([command], key=key)
+        except StoreError as exc:
+            first_error = first_error or exc
+            left.append(what)
+    quotas.forget()
+    index.forget()
+    if left:
+        raise ForgetIncompleteError(removed, tuple(left), tenant=scope.tenant) from first_error
+    return removed
+
+
+RESERVATION_MS = 10_000
+"""How long a reservation lets a write create its session: the write's retries fit."""
+CLOCK_MARGIN_MS = 1_000
+"""How far the clocks of two Redis nodes may differ (a session's and its tenant's index)."""
+
+
+def _valid(name: str) -> bool:
+    try:
+        _keys.validate_id(name, "session")
+    except InvalidIdError:
+        return False
+    return True
+
+
+def _score_ms(score: Any) -> int:
+    """A last-activity score as ms; 0 for one that is not a finite number."""
+    value = float(score)
+    return int(value) if math.isfinite(value) else 0
+
+
+class Ratios:
+    """A tenant's learned factors: how many of a model's tokens one stored token is.
+
+    Budgets are in the model's tokens and stored counts are cl100k; the
+    configured per-family factor (``token_safety_factors``) is a guess that
+    ``record_usage`` replaces with each model's observed ratio plus a margin,
+    per tenant, in Redis (bounded: 64 models, each between 1 and 4). Read and
+    cached like the limits; a process's own reports apply to it at once.
+    """
+
+    SMOOTHING = 0.2
+    STEP = 0.05
+    MODELS = 64
+
+    def __init__(self, scope: Scope) -> None:
+        self._scope = scope
+        self._key = _keys.tenant_ratios_key(scope.prefix, scope.tenant)
+        self._cached: tuple[float, dict[str, float]] | None = None
+
+    async def factors(self) -> dict[str, float]:
+        """Model -> the factor in force (cached ``LIMITS_TTL``)."""
+        now = time.monotonic()
+        if self._cached is not None and now - self._cached[0] < LIMITS_TTL:
+            return self._cached[1]
+        (raw,) = await self._scope.connection.transaction([("HGETALL", self._key)], key=self._key)
+        found = {}
+        for model, value in pairs(raw).items():
+            try:
+                found[model] = min(4.0, max(1.0, float(value.split(" ", 1)[0])))
+            except ValueError:
+                log.warning("%s: skipped a malformed ratio for %r", self._key, model)
+        self._cached = (now, found)
+        return found
+
+    async def report(self, model: str, kind: str, provider: int = 0, stored: int = 0) -> float:
+        """Record a usage report or an overflow; the factor now in force for ``model``."""
+        settings = self._scope.settings
+        start = (await self.factors()).get(model) or safety_factor(
+            settings.token_safety_factors, model
+        )
+        factor = float(
+            await self._scope.connection.script(
+                SCRIPTS.ratio,
+                (self._key,),
+                (
+                    model,
+                    kind,
+                    provider,
+                    stored,
+                    start,
+                    settings.token_ratio_margin,
+                    self.SMOOTHING,
+                    self.STEP,
+                    self.MODELS,
+                    clock_arg(self._scope.clock),
+                ),
+            )
+        )
+        cached = self._cached[1] if self._cached is not None else {}
+        self._cached = (time.monotonic(), {**cached, model: factor})  # at once, here
+        return factor

@@ -1,0 +1,725 @@
+"""Pure planning of a request view: entries and a budget in, a plan out, no I/O.
+
+The request view is planned here from what one read returned:
+
+- the *protected* entries, sent whatever happens (system, developer and
+  pinned messages);
+- the cached summary, if any, standing in for everything up to its watermark;
+- the *tail*: the newest entries after the watermark, as many as the budget
+  could hold.
+
+A tool exchange (an assistant message that calls tools and every message
+that answers those calls, parallel calls included) is kept or dropped as a
+unit. After selection, pairs are matched by id in both directions (see
+:func:`_pair`): each call is answered once, each answering message answers
+one calling message and is placed right after it, and a call or result left
+without its partner is removed, so an orphan is never sent; each repair is
+reported.
+
+Entries carry their tool call ids (stored beside the message at append), so
+planning never parses a message; only the messages finally sent are decoded.
+A message sent as stored costs the tokens counted at append; one sent in
+another form (a preview, whose placeholders are filled in, or a message a
+repair stripped) is counted as sent, with the ``count`` the planner is given.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxstore._codec import Anchor, Entry, SummaryLevel, SummaryText
+from ctxstore._formats import call_ids, earliest_callers, entry_order
+
+__all__ = [
+    "Anchor",
+    "Count",
+    "Shape",
+    "SummaryLevel",
+    "ViewPlan",
+    "form_cost",
+    "plan_anchored",
+    "plan_view",
+]
+
+Count = Callable[[dict[str, Any]], int]
+"""Counts a message as it is sent: ``count_message`` with the counter of the appends."""
+
+
+@dataclass(slots=True)
+class ViewPlan:
+    """The messages a view sends, and what was left out.
+
+    Attributes:
+        messages: The messages, in the order to send them.
+        tokens: Their tokens: what each was counted at append, and for a
+            message sent in another form (a preview, or stripped by a
+            repair) its count as sent (its stored size when the plan had no
+            ``count``).
+        kept_ids: Entry ids sent, in order.
+        dropped: Tail entries read but not sent.
+        offloaded: Entry ids sent as a preview.
+        repairs: One line per tool-pair repair.
+        over_budget: True when the protected entries alone exceed the budget.
+        summary_used: True when the summary was sent.
+        summary_covers: The last entry id the summary sent covers.
+        protected_tokens: Tokens of the protected entries.
+    """
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tokens: int = 0
+    kept_ids: list[str] = field(default_factory=list)
+    dropped: int = 0
+    offloaded: list[str] = field(default_factory=list)
+    repairs: list[str] = field(default_factory=list)
+    over_budget: bool = False
+    summary_used: bool = False
+    summary_covers: str | None = None
+    protected_tokens: int = 0
+
+
+def plan_view(
+    protected: Sequence[Entry],
+    summary: SummaryText | None,
+    tail: Sequence[Entry],
+    budget: int,
+    *,
+    complete: bool = False,
+    count: Count | None = None,
+) -> ViewPlan:
+    """Choose the messages of a request view.
+
+    Args:
+        protected: System, developer and pinned entries, oldest first.
+        summary: The cached summary, or ``None``.
+        tail: Entries after the summary's watermark, oldest first; usually
+            only the newest ones, as many as the budget could hold.
+        budget: Tokens available for everything returned.
+        complete: True when ``tail`` reaches back to the summary's watermark
+            (or the start of the history): a result whose call is not found
+            then has no call at all.
+        count: Counts a message sent in another form than stored; ``None``
+            charges it its stored size.
+
+    Returns:
+        The plan. The tokens of what it sends never exceed ``budget`` unless
+        the protected entries alone do; then ``over_budget`` is set and only
+        they are sent.
+    """
+    plan = ViewPlan()
+    sizes = _Sizes(count)
+    protected_ids = {e.entry_id for e in protected}
+    tail = [e for e in tail if e.entry_id not in protected_ids]
+    plan.protected_tokens = sum(e.tokens for e in protected)
+    full: set[str] = set()  # previewable entries sent in full
+    if plan.protected_tokens > budget:
+        plan.over_budget = True
+        chosen: list[Entry] = []
+    else:
+        remaining = budget - plan.protected_tokens
+        if summary is not None and summary.tokens <= remaining:
+            plan.summary_used = True
+            remaining -= summary.tokens
+        outside = {cid for e in protected for cid in e.calls}
+        chosen = _select_tail(tail, remaining, outside, complete, plan, sizes.cheapest)
+        remaining -= sum(map(sizes.cheapest, chosen))
+        # Fill what is left with full tool results, newest first.
+        for entry in reversed(chosen):
+            if entry.preview_data is None:
+                continue
+            extra = entry.tokens - sizes.preview(entry)
+            if extra <= remaining:
+                remaining -= extra
+                full.add(entry.entry_id)
+    plan.dropped = len(tail) - len(chosen)
+    # Protected entries always go whole: their full size is what was reserved.
+    previewed = {e.entry_id for e in chosen if e.preview_data is not None} - full
+    sent = summary if plan.summary_used else None
+    _render(plan, protected, sent, chosen, previewed, sizes, None if plan.over_budget else budget)
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """How an anchored view is shaped, as shares of its budget.
+
+    Attributes:
+        low_water: Where the raw part is cut back to when the view would
+            overflow: the view then grows by appends alone, its prefix
+            unchanged, until it is full again.
+        summary_share: The most of the budget a summary may take.
+        full_share: A tool result larger than this share is sent as its
+            preview (when it has one), so one result never crowds out the rest.
+    """
+
+    low_water: float = 0.7
+    summary_share: float = 0.4
+    full_share: float = 0.25
+
+
+def form_cost(entry: Entry, budget: int, shape: Shape) -> int:
+    """The tokens ``entry`` is stored at in the form it is sent in at ``budget``.
+
+    The form (its preview when it is too large) is a function of the entry
+    and the budget only, so a message's form never changes from one view to
+    the next. A preview is sent a few tokens off its stored size (its
+    placeholders are filled in): the planner counts it as sent.
+    """
+    return entry.preview_tokens if _sends_preview(entry, budget, shape) else entry.tokens
+
+
+def _sends_preview(entry: Entry, budget: int, shape: Shape) -> bool:
+    return entry.preview_data is not None and entry.tokens > shape.full_share * budget
+
+
+def plan_anchored(
+    protected: Sequence[Entry],
+    entries: Sequence[Entry],
+    budget: int,
+    *,
+    anchor: Anchor | None,
+    levels: Sequence[SummaryLevel] | None,
+    complete: bool,
+    shape: Shape,
+    epoch: int,
+    stamp: str,
+    count: Count | None = None,
+) -> tuple[ViewPlan | None, Anchor | None]:
+    """Plan a view from its anchor, and move the anchor when the view would overflow.
+
+    Args:
+        protected: System, developer and pinned entries, oldest first.
+        entries: The newest entries, oldest first: from the anchor's start at
+            least, and back to a budget's worth or the first entry.
+        budget: Tokens available for everything sent.
+        anchor: The anchor in force, or ``None`` (the view starts at the
+            first entry, with no summary).
+        levels: The summaries a step may swap in: the latest one's levels;
+            ``None`` when they were not read (a step then returns ``None``).
+        complete: ``entries`` starts at the first entry of the history.
+        shape: The low-water mark and the shares.
+        epoch: The history's epoch (an anchor of another one is ignored).
+        stamp: Names a new anchor, if one is made.
+        count: Counts a message sent in another form than stored; ``None``
+            charges it its stored size.
+
+    Returns:
+        The plan, and the new anchor when it moved (``None`` when it did not);
+        ``(None, None)`` when the anchor must move and ``levels`` is ``None``.
+    """
+    protected_ids = {e.entry_id for e in protected}
+    raw = [e for e in entries if e.entry_id not in protected_ids]
+    protected_tokens = sum(e.tokens for e in protected)
+    sizes = _Sizes(count)
+
+    def cost(entry: Entry) -> int:
+        return sizes.preview(entry) if _sends_preview(entry, budget, shape) else entry.tokens
+
+    def render(summary: SummaryText | None, body: list[Entry]) -> ViewPlan:
+        plan = ViewPlan(protected_tokens=protected_tokens, dropped=len(raw) - len(body))
+        previewed = {e.entry_id for e in body if _sends_preview(e, budget, shape)}
+        _render(plan, protected, summary, body, previewed, sizes, budget)
+        return plan
+
+    if protected_tokens > budget:
+        plan = ViewPlan(over_budget=True, protected_tokens=protected_tokens, dropped=len(raw))
+        _render(plan, protected, None, [], set(), sizes, None)
+        return plan, None
+    if anchor is not None and anchor.epoch == epoch:
+        start = entry_order(anchor.start) if anchor.start else None
+        if start is None or complete or (raw and entry_order(raw[0].entry_id) <= start):
+            body = [e for e in raw if start is None or entry_order(e.entry_id) >= start]
+            summary_tokens = anchor.summary.tokens if anchor.summary else 0
+            if protected_tokens + summary_tokens + sum(map(cost, body)) <= budget:
+                return render(anchor.summary, body), None
+    elif anchor is None and complete and protected_tokens + sum(map(cost, raw)) <= budget:
+        return render(None, raw), None  # the whole history fits
+    # A step: the summary that fits best, then raw entries back to the low-water mark.
+    if levels is None:
+        return None, None
+    summary = _largest_that_fits(levels, protected_tokens, budget, shape)
+    summary_tokens = summary.summary.tokens if summary else 0
+    room = budget - protected_tokens - summary_tokens
+    target = shape.low_water * budget - protected_tokens - summary_tokens
+    high = min(room, (1 + shape.low_water) / 2 * budget - protected_tokens - summary_tokens)
+    covers = entry_order(summary.summary.covers_upto) if summary else None
+    chosen = _step_body(raw, cost, target, high, room, covers)
+    new = Anchor(
+        epoch=epoch,
+        start=chosen[0].entry_id if chosen else _after(raw),
+        summary=summary.summary if summary else None,
+        level=summary.level if summary else 0,
+        stamp=stamp,
+    )
+    body = [e for e in raw if not new.start or entry_order(e.entry_id) >= entry_order(new.start)]
+    return render(new.summary, body), new
+
+
+def _step_body(
+    raw: Sequence[Entry],
+    cost: Callable[[Entry], int],
+    target: float,
+    high: float,
+    room: int,
+    covers: tuple[int, int] | None,
+) -> list[Entry]:
+    """The raw part of a moved anchor: the longest suffix within ``target`` tokens.
+
+    It starts at an exchange boundary. With a summary, it reaches back to
+    the first entry the summary does not cover if the whole budget holds
+    that: a gap between the summary and the raw part would lose what is in
+    it. Entries the summary covers are sent too while they fit: raw text
+    keeps what a summary loses. When even the newest exchange is past ``high``, it is sent alone if
+    ``room`` (the whole budget) holds it.
+    """
+    earliest = earliest_callers(raw)
+    suffix = [0] * (len(raw) + 1)
+    for index in range(len(raw) - 1, -1, -1):
+        suffix[index] = suffix[index + 1] + cost(raw[index])
+    starts = [i for i in range(len(raw)) if earliest[i] >= i]  # no exchange cut at i
+    if not starts:
+        return []
+    fits = [i for i in starts if suffix[i] <= high]
+    if not fits:
+        newest = starts[-1]
+        return list(raw[newest:]) if suffix[newest] <= room else []
+    # The longest suffix within the target (a new anchor as empty as the low-water mark
+    # asks: the most calls before the next move); else the shortest past it.
+    below = [i for i in fits if suffix[i] <= target]
+    best = below[0] if below else fits[-1]
+    if covers is not None:
+        uncovered = next(
+            (i for i, e in enumerate(raw) if entry_order(e.entry_id) > covers), len(raw)
+        )
+        whole = [i for i in starts if i <= uncovered and suffix[i] <= room]
+        if whole and uncovered < len(raw):
+            best = min(best, whole[-1])  # no gap, and covered entries too while they fit
+    return list(raw[best:])
+
+
+def _largest_that_fits(
+    levels: Sequence[SummaryLevel], protected: int, budget: int, shape: Shape
+) -> SummaryLevel | None:
+    """The summary level a step sends (or ``None``).
+
+    The largest within the summary's share of the budget that fits beside
+    the protected entries; else the smallest that leaves the raw part some
+    room (a summary too long for its share still beats none).
+    """
+    by_size = sorted(levels, key=lambda lv: lv.summary.tokens)
+    within = [
+        lv
+        for lv in by_size
+        if lv.summary.tokens <= shape.summary_share * budget
+        and protected + lv.summary.tokens <= budget
+    ]
+    if within:
+        return within[-1]
+    roomy = [lv for lv in by_size if protected + lv.summary.tokens <= shape.low_water * budget]
+    return roomy[0] if roomy else None
+
+
+def _after(raw: Sequence[Entry]) -> str:
+    """An entry id after every entry of ``raw`` (a view that sends none of them)."""
+    if not raw:
+        return ""
+    ms, seq = entry_order(raw[-1].entry_id)
+    return f"{ms}-{seq + 1}"
+
+
+def _select_tail(
+    tail: Sequence[Entry],
+    budget: int,
+    outside_calls: set[str],
+    complete: bool,
+    plan: ViewPlan,
+    cost_of: Callable[[Entry], int],
+) -> list[Entry]:
+    """The newest entries whose whole tool exchanges fit in ``budget``.
+
+    Walking back from the newest entry, a result costs nothing until the
+    message that made its call is reached; then the whole exchange is
+    charged at once, so an exchange is kept whole or not at all. A result
+    whose call is neither in ``tail`` nor in ``outside_calls`` belongs to an
+    exchange that started before the tail: it is left out. When ``complete``
+    (the tail reaches back to the start of what can be sent), no such call
+    exists at all, and leaving the result out is reported as a repair.
+    Each entry costs ``cost_of(entry)`` (the form the selection charges first).
+    """
+    owner: dict[str, int] = {}
+    for index, entry in enumerate(tail):
+        for cid in entry.calls:
+            owner.setdefault(cid, index)
+    left_out: set[int] = set()
+    pending: dict[int, int] = {}  # index of a calling entry -> tokens of its later results
+    used = 0
+    start = len(tail)
+    for index in range(len(tail) - 1, -1, -1):
+        entry = tail[index]
+        cost = cost_of(entry)
+        if entry.results:
+            owners = [owner[r] for r in entry.results if r in owner and owner[r] < index]
+            if owners:
+                first = min(owners)
+                pending[first] = pending.get(first, 0) + cost
+                cost = 0
+            elif not any(r in owner or r in outside_calls for r in entry.results):
+                left_out.add(index)
+                cost = 0
+                if complete:
+                    plan.repairs.extend(f"dropped orphan result {r}" for r in entry.results)
+        if pending:
+            cost += pending.pop(index, 0)
+        if used + cost > budget:
+            break
+        used += cost
+        start = index
+    chosen = []
+    for index in range(start, len(tail)):
+        entry = tail[index]
+        if entry.results and (
+            index in left_out
+            # A result whose call was cut goes with its exchange.
+            or any(r in owner and owner[r] < start for r in entry.results)
+        ):
+            continue
+        chosen.append(entry)
+    return chosen
+
+
+class _Sizes:
+    """What an entry costs in the form it is sent in.
+
+    As stored, the tokens counted at append. A preview is sent with its
+    placeholders filled in, and a repair may strip blocks: such a message is
+    counted as sent with ``count`` (each preview once per plan); with no
+    ``count``, it is charged its stored size.
+    """
+
+    def __init__(self, count: Count | None) -> None:
+        self._count = count
+        self._previews: dict[str, int] = {}
+
+    def preview(self, entry: Entry) -> int:
+        """The tokens of ``entry``'s preview as sent."""
+        if self._count is None:
+            return entry.preview_tokens
+        size = self._previews.get(entry.entry_id)
+        if size is None:
+            preview = entry.preview
+            assert preview is not None, "only an entry with a preview is sent as one"
+            size = self._previews[entry.entry_id] = self._count(preview)
+        return size
+
+    def cheapest(self, entry: Entry) -> int:
+        """What the selection charges first: the preview, if there is one."""
+        return entry.tokens if entry.preview_data is None else self.preview(entry)
+
+    def sent(self, entry: Entry, message: dict[str, Any], as_preview: bool) -> int:
+        """The tokens of ``message``, ``entry`` as sent after a repair stripped it."""
+        if self._count is not None:
+            return self._count(message)
+        return entry.preview_tokens if as_preview else entry.tokens
+
+
+def _render(
+    plan: ViewPlan,
+    protected: Sequence[Entry],
+    summary: SummaryText | None,
+    body: Sequence[Entry],
+    previewed: set[str],
+    sizes: _Sizes,
+    budget: int | None,
+) -> None:
+    """Lay a view out (hoisted protected entries, the summary, the body in order) into ``plan``.
+
+    Entries in ``previewed`` are sent as their preview. A repair only
+    removes blocks, so what is sent is no larger than what was charged;
+    should the counter say otherwise, the oldest exchanges of the body go,
+    then the summary, until it fits ``budget`` (``None``: not checked).
+    """
+    protected_ids = {e.entry_id for e in protected}
+    while True:
+        cut = entry_order(body[0].entry_id) if body else None
+        hoisted = [e for e in protected if cut is None or entry_order(e.entry_id) < cut]
+        hoisted.sort(key=lambda e: e.kind != "s")  # system first; the sort is stable
+        inline = [e for e in protected if cut is not None and entry_order(e.entry_id) >= cut]
+        ordered = (
+            sorted([*body, *inline], key=lambda e: entry_order(e.entry_id)) if inline else body
+        )
+        items: list[Entry | None] = [*hoisted, None, *ordered] if summary else [*hoisted, *ordered]
+        sent = ViewPlan()
+        _repair_place_and_render(items, summary, previewed, protected_ids, sizes, sent)
+        if budget is None or sent.tokens <= budget:
+            break
+        if body:
+            start = _next_start(body)
+            plan.dropped += start
+            body = body[start:]
+        elif summary is not None:
+            summary = None
+        else:
+            plan.over_budget = True  # the protected entries alone, as sent
+            break
+    plan.summary_used = summary is not None
+    plan.summary_covers = summary.covers_upto if summary else None
+    plan.messages, plan.kept_ids, plan.offloaded = sent.messages, sent.kept_ids, sent.offloaded
+    plan.tokens = sent.tokens
+    plan.repairs.extend(sent.repairs)
+    plan.dropped += sent.dropped
+
+
+def _next_start(body: Sequence[Entry]) -> int:
+    """The index of the next entry of ``body`` that starts an exchange (else its length)."""
+    earliest = earliest_callers(body)
+    return next((i for i in range(1, len(body)) if earliest[i] >= i), len(body))
+
+
+def _repair_place_and_render(
+    items: list[Entry | None],
+    summary: SummaryText | None,
+    previewed: set[str],
+    protected_ids: set[str],
+    sizes: _Sizes,
+    plan: ViewPlan,
+) -> None:
+    """Pair calls and results, strip what is left unpaired, count, and place results.
+
+    ``None`` in ``items`` stands for the summary; entries in ``previewed``
+    are sent as their preview. Fills ``plan``'s messages, kept ids,
+    offloaded ids, tokens and repairs; ``plan.dropped`` counts the tail
+    entries a repair left nothing of.
+    """
+    pairs = _pair(items, plan.repairs)
+    rendered: list[tuple[Entry | None, dict[str, Any]] | None] = [None] * len(items)
+    nothing: set[str] = set()
+    for index, entry in enumerate(items):
+        if entry is None:
+            assert summary is not None
+            rendered[index] = (None, summary.message)
+            plan.tokens += summary.tokens
+            continue
+        if not entry.calls and not entry.results and entry.preview_data is None:
+            rendered[index] = (entry, entry.message)  # the usual case: sent as stored
+            plan.tokens += entry.tokens
+            continue
+        as_preview = entry.entry_id in previewed
+        results: Sequence[str] = pairs.results.get(index, ())
+        calls = pairs.calls.get(index, nothing)
+        stripped = len(results) < len(entry.results) or len(calls) < len(entry.calls)
+        if not stripped and not as_preview:
+            rendered[index] = (entry, entry.message)
+            plan.tokens += entry.tokens
+            continue
+        message: dict[str, Any] | None = entry.preview if as_preview else entry.message
+        assert message is not None
+        if stripped:
+            if len(results) < len(entry.results):
+                message = _without_results(message, set(results))
+            if message is not None and len(calls) < len(entry.calls):
+                message = _without_calls(message, calls)
+            if message is None:
+                if entry.entry_id not in protected_ids:
+                    plan.dropped += 1
+                continue
+            plan.tokens += sizes.sent(entry, message, as_preview)
+        else:
+            plan.tokens += sizes.preview(entry)
+        if as_preview:
+            plan.offloaded.append(entry.entry_id)
+        rendered[index] = (entry, message)
+    for index in _place(len(items), pairs.caller):
+        sent = rendered[index]
+        if sent is not None:
+            plan.messages.append(sent[1])
+            if sent[0] is not None:
+                plan.kept_ids.append(sent[0].entry_id)
+
+
+@dataclass(slots=True)
+class _Pairs:
+    """How the calls and results of a view's items are paired (items by index)."""
+
+    results: dict[int, list[str]] = field(default_factory=dict)
+    """Per answering item, the results it keeps, in order."""
+    calls: dict[int, set[str]] = field(default_factory=dict)
+    """Per calling item, its calls that are answered."""
+    caller: dict[int, int] = field(default_factory=dict)
+    """Per answering item that keeps a result, the item whose calls it answers."""
+
+
+def _pair(items: Sequence[Entry | None], repairs: list[str]) -> _Pairs:
+    """Pair each call with one result, and each answering item with one calling item.
+
+    A provider takes a message's results in the messages right after it, each
+    call id once. So, in order, each answering item answers one calling item:
+    of those making its ids, the nearest before it (an item stored before
+    every call it answers, as when two pods race, answers the nearest after
+    it and is moved after it). It keeps the results of that item's calls
+    whose id is not answered yet, and loses the others: a result with no
+    call sent (orphan), of an id answered already (duplicate), or of another
+    calling item (one message answering two). A call left unanswered is
+    removed: an id made twice (a message appended twice, say) is answered
+    once, and its other calls are repeats. Each removal, and each move, is
+    reported in ``repairs``.
+    """
+    makers: dict[str, list[int]] = {}  # call id -> the items making it, in order
+    calling: list[tuple[int, Entry]] = []
+    answering: list[int] = []
+    for index, entry in enumerate(items):
+        if entry is None:
+            continue
+        if entry.calls:
+            calling.append((index, entry))
+            for cid in entry.calls:
+                makers.setdefault(cid, []).append(index)
+        if entry.results:
+            answering.append(index)
+    pairs = _Pairs()
+    answered: set[str] = set()
+    lost: dict[int, list[str]] = {}
+    stored_first: list[int] = []
+
+    def take(index: int, entry: Entry, caller: int | None) -> None:
+        kept = pairs.results[index] = []
+        for rid in entry.results:
+            if caller is not None and rid not in answered and caller in makers.get(rid, ()):
+                answered.add(rid)
+                kept.append(rid)
+                pairs.calls.setdefault(caller, set()).add(rid)
+                continue
+            if rid not in makers:
+                why = f"dropped orphan result {rid}"
+            elif rid in answered:
+                why = f"dropped duplicate result {rid}"
+            else:
+                why = f"dropped result {rid} of a message answering two calling messages"
+            lost.setdefault(index, []).append(why)
+        if kept and caller is not None:
+            pairs.caller[index] = caller
+
+    for index in answering:
+        entry = items[index]
+        assert entry is not None
+        nearest = -1  # the nearest item before it making one of its ids not answered yet
+        for rid in entry.results:
+            made = makers.get(rid)
+            if made is None or made[0] > index or rid in answered:
+                continue
+            maker = made[-1] if made[-1] < index else made[bisect_left(made, index) - 1]
+            nearest = max(nearest, maker)
+        if nearest >= 0:
+            take(index, entry, nearest)
+        else:
+            stored_first.append(index)
+    moved = []
+    answers = set(answering)
+    for index in stored_first:
+        entry = items[index]
+        assert entry is not None
+        after = [
+            i
+            for rid in entry.results
+            if rid not in answered
+            for i in makers.get(rid, ())
+            if i > index and i not in answers  # no cycle: a caller after it answers nothing
+        ]
+        take(index, entry, min(after, default=None))
+        if index in pairs.caller:
+            moved.append(index)
+    for index in sorted(lost):
+        repairs.extend(lost[index])
+    for index, entry in calling:
+        done = pairs.calls.get(index, set())
+        for cid in entry.calls:
+            if cid not in done:
+                repairs.append(
+                    f"dropped {'repeated' if cid in answered else 'unanswered'} call {cid}"
+                )
+    repairs.extend(f"moved result {r} after its call" for i in moved for r in pairs.results[i])
+    return pairs
+
+
+def _place(count: int, caller: dict[int, int]) -> Sequence[int]:
+    """The order to send ``count`` items in: each answering item right after its caller.
+
+    Answering items keep their order among themselves; every other item
+    keeps its place. Linear in the number of items.
+    """
+    if _in_place(count, caller):
+        return range(count)
+    answers: dict[int, list[int]] = {}
+    for index in sorted(caller):
+        answers.setdefault(caller[index], []).append(index)
+    order: list[int] = []
+    for index in range(count):
+        if index in caller:
+            continue  # placed with its caller
+        if index not in answers:
+            order.append(index)
+            continue
+        stack = [index]
+        while stack:
+            item = stack.pop()
+            order.append(item)
+            stack.extend(reversed(answers.get(item, ())))
+    return order
+
+
+def _in_place(count: int, caller: dict[int, int]) -> bool:
+    """True when each answering item already follows its caller's other answers (the usual case)."""
+    last = -1  # the last item that answers nothing
+    for index in range(count):
+        owner = caller.get(index)
+        if owner is None:
+            last = index
+        elif owner != last:
+            return False
+    return True
+
+
+def _without_results(message: dict[str, Any], keep: set[str]) -> dict[str, Any] | None:
+    """The message with only its results for ``keep`` (each once); ``None`` if nothing is left."""
+    seen: set[str] = set()
+    if message.get("role") == "tool" and isinstance(message.get("tool_call_id"), str):
+        if message["tool_call_id"] not in keep:
+            return None
+        seen.add(message["tool_call_id"])
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    blocks = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "tool_result":
+            rid = block.get("tool_use_id")
+            if rid not in keep or rid in seen:
+                continue
+            seen.add(rid)
+        blocks.append(block)
+    if blocks or seen:  # a tool message answering its call stays, whatever its content
+        return {**message, "content": blocks}
+    return None
+
+
+def _without_calls(message: dict[str, Any], keep: set[str]) -> dict[str, Any] | None:
+    """The message with only its calls for ``keep``; ``None`` if nothing is left to send."""
+    fixed = dict(message)
+    if message.get("tool_calls"):
+        left = [c for c in message["tool_calls"] if c.get("id") in keep]
+        if left:
+            fixed["tool_calls"] = left
+        else:
+            del fixed["tool_calls"]
+    content = message.get("content")
+    if isinstance(content, list):
+        content = [
+            b
+            for b in content
+            if not (isinstance(b, dict) and b.get("type") == "tool_use" and b.get("id") not in keep)
+        ]
+        fixed["content"] = content
+    if not fixed.get("tool_calls") and not call_ids(fixed) and not content:
+        return None
+    return fixed

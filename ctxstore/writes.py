@@ -1,0 +1,460 @@
+"""Writes: appends (lock-free, idempotent) and rewrites (fenced by the lease).
+
+An append counts each message's tokens once, validates and serializes it,
+and runs ``append.lua``: it drops retries whose idempotency key it has seen,
+refuses a stale append-if or a write over a quota, adds the entries and
+bumps the counters, all in one step; Redis orders concurrent appends.
+Replace and clear run ``rewrite.lua`` under the session's lease: the epoch
+is bumped and the cached summary dropped in the same step.
+
+Every write first puts the session in the tenant's index (it lives in
+another slot) and takes it out again if the write was refused and the
+session does not exist.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ctxstore._codec import Kind, Reply, join_ids, text
+from ctxstore._formats import REASONING, item_type
+from ctxstore._scope import Scope
+from ctxstore._scripts import SCRIPTS
+from ctxstore._validate import (
+    MAX_TTL_SECONDS,
+    check_entry_id,
+    check_idempotency_keys,
+    check_int,
+    check_messages,
+)
+from ctxstore.errors import (
+    ConflictError,
+    CtxstoreError,
+    InvalidMessageError,
+    QuotaExceededError,
+    SessionNotFoundError,
+    StoreUnavailableError,
+)
+from ctxstore.jobs import Handoff
+from ctxstore.lease import Lease, clock_arg, take_lease
+from ctxstore.models import AppendResult, StoredMessage, WriteResult, check_message
+from ctxstore.offload import make_preview
+from ctxstore.tenancy import NO_RESERVATION, Limits, Quotas, Reservation, TenantIndex
+from ctxstore.tokens import count_message
+
+__all__ = ["Writer"]
+
+_PROTECTED_ROLES = frozenset({"system", "developer"})
+
+_REFUSALS = frozenset({Reply.RESERVE, Reply.CONFLICT, Reply.QUOTA, Reply.LEASE_LOST})
+
+
+def _reasoning_glue(messages: Sequence[Any]) -> dict[tuple[str, int], tuple[str, ...]]:
+    """Bind each OpenAI Responses reasoning item to the item after it in the batch.
+
+    The API refuses a reasoning item sent without the item it led to (and
+    that item without its reasoning), so the pair is stored as an exchange:
+    the reasoning "calls" an id of its own that the next item "answers".
+    Views and summaries then never cut between them, as between a tool call
+    and its result. Returns the extra (call or result) ids by message index.
+    """
+    glue: dict[tuple[str, int], tuple[str, ...]] = {}
+    for index in range(len(messages) - 1):
+        message = messages[index]
+        if isinstance(message, dict) and item_type(message) == REASONING:
+            tie = f"~reasoning:{secrets.token_urlsafe(9)}"
+            glue[("calls", index)] = (tie,)
+            glue[("results", index + 1)] = (tie,)
+    return glue
+
+
+def _refused(reply: Any) -> bool:
+    """True for a write script's refusal: it wrote nothing, so no replica need have it."""
+    return isinstance(reply, list) and bool(reply) and text(reply[0]) in _REFUSALS
+
+
+RESERVE_ATTEMPTS = 3
+"""Reservations a write that creates its session takes before it gives up."""
+
+
+class Writer:
+    """One tenant's writes.
+
+    Args:
+        scope: The tenant's scope.
+        quotas: The tenant's limits.
+        index: The tenant's index of sessions.
+        handoff: Where a due summary goes.
+    """
+
+    def __init__(self, scope: Scope, quotas: Quotas, index: TenantIndex, handoff: Handoff) -> None:
+        self._scope = scope
+        self._quotas = quotas
+        self._index = index
+        self._handoff = handoff
+        # Idempotency keys made here: a random per-writer prefix and a counter
+        # (unique without a syscall per append, unlike a fresh random token).
+        self._key_prefix = secrets.token_urlsafe(6) + "."
+        self._key_counter = itertools.count()
+
+    async def append(
+        self,
+        session: str,
+        messages: Sequence[dict[str, Any]],
+        *,
+        idempotency_keys: Sequence[str] | None,
+        expected_seq: int | None,
+        pinned: bool,
+    ) -> list[AppendResult]:
+        """Append messages, all or none (see ``ContextStore.append_many``)."""
+        keys = self._scope.keys(session)
+        check_messages(messages, session)
+        if not messages:
+            return []
+        idem = (
+            [f"{self._key_prefix}{next(self._key_counter):x}" for _ in messages]
+            if idempotency_keys is None
+            else check_idempotency_keys(idempotency_keys, len(messages), session)
+        )
+        check_int(expected_seq, "expected_seq", low=0, optional=True, session=session)
+        limits = await self._quotas.resolved(session)
+        settings = self._scope.settings
+        args: list[Any] = [
+            "" if expected_seq is None else expected_seq,
+            limits.ttl_arg,
+            settings.idempotency_window,
+            settings.summary_trigger_tokens,
+            len(messages),
+            int(settings.idempotency_seconds * 1000),
+            limits.session_bytes,
+            limits.session_tokens,
+            limits.appends_per_second,
+            limits.append_burst,
+        ]
+        entries = self._entries(session, messages, limits, pinned=pinned)
+        for entry, key in zip(entries, idem, strict=True):
+            data, tokens, *rest = entry
+            args.extend((data, tokens, key, *rest))
+        now = clock_arg(self._scope.clock)
+
+        async def run(reservation: tuple[str, int]) -> Any:
+            return await self._scope.connection.script(
+                SCRIPTS.append,
+                (
+                    keys.log,
+                    keys.meta,
+                    keys.idem,
+                    keys.idem_old,
+                    keys.keep,
+                    keys.view,
+                    keys.gone,
+                    keys.anchor,
+                ),
+                (*args[:10], *reservation, now, *args[10:]),
+                session=session,
+                replicas=settings.replica_acks,
+                refused=_refused,
+            )
+
+        reply = await self._listed(session, limits, run)
+        if text(reply[0]) != Reply.OK:
+            raise self._refusal(reply, expected_seq, session, keys.meta)
+        due = int(reply[1])
+        results = [
+            AppendResult(
+                entry_id=text(reply[i]),
+                seq=int(reply[i + 1]),
+                epoch=int(reply[i + 2]),
+                duplicate=int(reply[i + 3]) == 1,
+                summary_due=due > 0,
+            )
+            for i in range(3, len(reply), 4)
+        ]
+        if due:
+            await self._handoff.due(self._scope.tenant, session, due)
+        return results
+
+    async def rewrite(
+        self,
+        session: str,
+        messages: Sequence[dict[str, Any]],
+        *,
+        expected_seq: int | None,
+        lease: Lease | None,
+    ) -> WriteResult:
+        """Replace the whole history under the lease (see ``ContextStore.replace``)."""
+        keys = self._scope.keys(session)
+        check_messages(messages, session)
+        check_int(expected_seq, "expected_seq", low=0, optional=True, session=session)
+        limits = await self._quotas.resolved(session)
+        entries = self._entries(session, messages, limits, pinned=False)
+        if lease is not None and lease.released:
+            raise lease.mark_lost()  # consumed by an earlier write, or given back
+        held = lease or await take_lease(self._scope, session, kind="write")
+        args: list[Any] = [
+            held.token,
+            held.fence,
+            held.now_arg(),
+            "" if expected_seq is None else expected_seq,
+            limits.ttl_arg,
+            len(entries),
+            limits.session_bytes,
+            limits.session_tokens,
+            secrets.token_urlsafe(9),  # this call's id: its retries are answered, not refused
+            limits.appends_per_second,
+            limits.append_burst,
+        ]
+        for entry in entries:
+            args.extend(entry)
+
+        async def run(reservation: tuple[str, int]) -> Any:
+            return await self._scope.connection.script(
+                SCRIPTS.rewrite,
+                (
+                    *(keys.log, keys.meta, keys.keep, keys.view, keys.lease, keys.gone),
+                    *(keys.anchor, keys.idem, keys.idem_old),
+                ),
+                (*args[:11], *reservation, self._scope.period_ms, *args[11:]),
+                session=session,
+                replicas=self._scope.settings.replica_acks,
+                refused=_refused,
+            )
+
+        try:
+            reply = await self._listed(session, limits, run)
+        except CtxstoreError:
+            if lease is None:
+                await held.release()
+            raise
+        status = text(reply[0])
+        if status != Reply.OK:
+            if status == Reply.LEASE_LOST:
+                raise held.mark_lost()
+            if lease is None:
+                await held.release()
+            raise self._refusal(reply, expected_seq, session, keys.meta)
+        held.consumed()
+        return WriteResult(
+            epoch=int(reply[1]),
+            seq=int(reply[2]),
+            count=int(reply[3]),
+            superseded=int(reply[4]),
+            entry_ids=tuple(text(r) for r in reply[5:]),
+        )
+
+    async def _listed(
+        self, session: str, limits: Limits, run: Callable[[tuple[str, int]], Awaitable[Any]]
+    ) -> Any:
+        """Run a write that may create the session, keeping the tenant's index true around it.
+
+        The write runs first without a reservation: a session that exists needs
+        none (its activity is touched). One that would create the session is
+        refused by its script; it is then reserved (listed, within the session
+        quota) and run again. A refused write (conflict, quota, lost lease) that
+        found the session absent gives its reservation back and unlists it
+        (unless another write may still create it).
+
+        Raises:
+            StoreUnavailableError: The write kept reaching Redis after its
+                reservation had run out (nothing was written).
+        """
+        known = self._index.knows(session)
+        if known:
+            await self._index.touch(session)
+        reservation: Reservation | None = None
+        reply = await run(NO_RESERVATION)
+        for _ in range(RESERVE_ATTEMPTS):
+            if text(reply[0]) != Reply.RESERVE:
+                break
+            reservation = await self._index.reserve(session, limits)
+            reply = await run(reservation.args)
+        status = text(reply[0])
+        if status == Reply.OK:
+            self._index.written(session)
+            if not known and reservation is None:
+                await self._index.touch(session)
+            return reply
+        if reservation is not None:
+            if status == Reply.RESERVE:
+                # Each reservation ran out before the write reached Redis (a stalled
+                # connection): give the last back; the index is left true.
+                await self._index.unlist(await self._index.now_ms(), [(session, reservation.token)])
+                raise StoreUnavailableError(
+                    f"the write reached Redis after its index reservation ran out, "
+                    f"{RESERVE_ATTEMPTS} times; nothing was written",
+                    tenant=self._scope.tenant,
+                    session=session,
+                )
+            fresh, seen_at = int(reply[-2]), int(reply[-1])
+            if fresh:  # refused, and the session is absent: give the reservation back
+                await self._index.unlist(seen_at, [(session, reservation.token)])
+        return reply
+
+    async def pop(self, session: str) -> StoredMessage | None:
+        """Take the newest message off the session (see ``ContextStore.pop``)."""
+        keys = self._scope.keys(session)
+        limits = await self._quotas.resolved(session)
+        reply = await self._scope.connection.script(
+            SCRIPTS.pop,
+            (keys.log, keys.meta, keys.keep, keys.view, keys.anchor, keys.idem, keys.idem_old),
+            (
+                secrets.token_urlsafe(9),  # this call's id: a retry gets the same message
+                self._scope.period_ms,
+                limits.appends_per_second,
+                limits.append_burst,
+            ),
+            session=session,
+            replicas=self._scope.settings.replica_acks,
+            refused=_refused,
+        )
+        if text(reply[0]) == Reply.QUOTA:
+            raise self._refusal(reply, None, session, keys.meta)
+        if int(reply[0]) == 0:
+            return None
+        entry_id = text(reply[1])
+        return self._scope.codec.stored(session, [entry_id, [b"m", reply[4], b"t", reply[5]]])
+
+    async def pin(self, session: str, entry_id: str, pinned: bool) -> bool:
+        """Pin or unpin a stored message; False when no entry has that id.
+
+        Raises:
+            QuotaExceededError: The pinned copy would take the session past
+                its byte quota, or the pin past its write rate.
+        """
+        keys = self._scope.keys(session)
+        entry_id = check_entry_id(entry_id, session)
+        limits = await self._quotas.resolved(session)
+        reply = await self._scope.connection.script(
+            SCRIPTS.pin,
+            (keys.log, keys.keep, keys.meta),
+            (
+                entry_id,
+                "1" if pinned else "0",
+                limits.session_bytes,
+                limits.appends_per_second,
+                limits.append_burst,
+            ),
+            session=session,
+        )
+        if text(reply[0]) == Reply.QUOTA:
+            raise self._refusal(reply, None, session, keys.meta)
+        return int(reply[0]) == 1
+
+    async def set_ttl(self, session: str, seconds: int | None) -> None:
+        """Give the session its own TTL, or none (see ``ContextStore.set_ttl``)."""
+        keys = self._scope.keys(session)
+        check_int(seconds, "seconds", low=1, high=MAX_TTL_SECONDS, optional=True, session=session)
+        found = await self._scope.connection.script(
+            SCRIPTS.set_ttl,
+            (keys.log, keys.meta, keys.keep, keys.view, keys.anchor),
+            (0 if seconds is None else seconds * 1000,),
+            session=session,
+        )
+        if not int(found):
+            raise SessionNotFoundError(
+                "no such session", tenant=self._scope.tenant, session=session
+            )
+
+    async def delete(self, session: str) -> bool:
+        """Delete a session, leaving a tombstone; True if it existed.
+
+        The tombstone carries the epoch and sequence number on to a session
+        written again under this id (for ``tombstone_seconds``). A retried
+        delete whose reply was lost answers as it was applied.
+        """
+        keys = self._scope.keys(session)
+        existed, spent, seen_at = await self._scope.connection.script(
+            SCRIPTS.delete,
+            keys.all(),
+            (
+                secrets.token_urlsafe(9),
+                self._scope.settings.tombstone_seconds * 1000,
+                clock_arg(self._scope.clock),
+                self._scope.period_ms,
+            ),
+            session=session,
+        )
+        # Then the index: unless another write may create the session again.
+        settings = self._scope.settings
+        until = int(seen_at) + max(settings.tombstone_seconds * 1000, 2 * self._scope.period_ms)
+        await self._index.unlist(int(seen_at), [(session, text(spent))], deleted_until=until)
+        return int(existed) == 1
+
+    def _entries(
+        self, session: str, messages: Sequence[Any], limits: Limits, *, pinned: bool
+    ) -> list[tuple[Any, ...]]:
+        """Validate, count and serialize every message before anything is sent.
+
+        Returns:
+            Per message: (data, tokens, kind, call ids, result ids, preview,
+            preview tokens), as the append and rewrite scripts take them.
+
+        Raises:
+            InvalidMessageError: One is malformed; its index is in the error
+                when there is more than one.
+        """
+        scope = self._scope
+        settings = scope.settings
+        out = []
+        glued = _reasoning_glue(messages)
+        for index, message in enumerate(messages):
+            try:
+                checked = check_message(
+                    message,
+                    max_bytes=limits.message_bytes,
+                    index=index if len(messages) > 1 else None,
+                )
+            except InvalidMessageError as exc:
+                exc.tenant, exc.session = scope.tenant, session
+                raise
+            tokens = count_message(scope.counter, checked.raw)
+            if checked.role in _PROTECTED_ROLES:
+                kind = Kind.SYSTEM
+            else:
+                kind = Kind.PINNED if pinned else Kind.PLAIN
+            preview = make_preview(
+                checked.raw,
+                tokens,
+                scope.counter,
+                threshold=settings.offload_threshold_tokens,
+                preview_tokens=settings.offload_preview_tokens,
+            )
+            preview_data, preview_tokens = preview if preview is not None else (b"", 0)
+            # Counted above, sealed here: tokens are never sealed.
+            out.append(
+                (
+                    scope.codec.seal(session, checked.data),
+                    tokens,
+                    kind.value,
+                    join_ids(checked.call_ids + glued.get(("calls", index), ())),
+                    join_ids(checked.result_ids + glued.get(("results", index), ())),
+                    scope.codec.seal(session, preview_data) if preview_data else b"",
+                    preview_tokens,
+                )
+            )
+        return out
+
+    def _refusal(
+        self, reply: list[Any], expected_seq: int | None, session: str, key: str
+    ) -> CtxstoreError:
+        """The error for a write script's ``conflict`` or ``quota`` reply."""
+        tenant = self._scope.tenant
+        if text(reply[0]) == Reply.CONFLICT:
+            return ConflictError(
+                expected_seq if expected_seq is not None else -1,
+                int(reply[1]),
+                tenant=tenant,
+                session=session,
+                key=key,
+            )
+        return QuotaExceededError(
+            text(reply[1]),
+            float(reply[2]),
+            float(reply[3]),
+            tenant=tenant,
+            session=session,
+            key=key,
+        )
