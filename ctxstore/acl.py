@@ -53,7 +53,7 @@ before Redis 7.2 and ignored when refused.)"""
 STORE = (
     "del", "exec", "exists", "fcall", "get", "hdel", "hexists", "hget", "hgetall",
     "hincrby", "hkeys", "hmget", "hset", "multi", "discard", "persist", "pexpire", "pttl",
-    "rename", "sadd", "set", "time", "wait", "xadd", "xrange", "xrevrange", "zadd", "zcard",
+    "rename", "sadd", "set", "time", "wait", "xadd", "xdel", "xrange", "xrevrange", "zadd", "zcard",
     "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zrevrangebyscore", "zscore",
 )  # fmt: skip
 """The SDK's commands (WAIT for ``replica_acks``, FCALL for ``script_mode=functions``),

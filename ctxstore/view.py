@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxstore._codec import Anchor, Entry, SummaryLevel, SummaryText
-from ctxstore._formats import call_ids, earliest_callers, entry_order
+from ctxstore._formats import call_ids, earliest_callers, entry_order, item_type, result_ids
 
 __all__ = [
     "Anchor",
@@ -530,7 +530,12 @@ def _repair_place_and_render(
         if as_preview:
             plan.offloaded.append(entry.entry_id)
         rendered[index] = (entry, message)
-    for index in _place(len(items), pairs.caller):
+    chained = {
+        index
+        for index, entry in enumerate(items)
+        if entry is not None and pairs.calls.get(index) and item_type(entry.message) is not None
+    }
+    for index in _place(len(items), pairs.caller, chained):
         sent = rendered[index]
         if sent is not None:
             plan.messages.append(sent[1])
@@ -642,13 +647,14 @@ def _pair(items: Sequence[Entry | None], repairs: list[str]) -> _Pairs:
     return pairs
 
 
-def _place(count: int, caller: dict[int, int]) -> Sequence[int]:
+def _place(count: int, caller: dict[int, int], chained: set[int]) -> Sequence[int]:
     """The order to send ``count`` items in: each answering item right after its caller.
 
     Answering items keep their order among themselves; every other item
-    keeps its place. Linear in the number of items.
+    keeps its place. Items already in a valid order (see ``_in_place``) keep
+    it. Linear in the number of items.
     """
-    if _in_place(count, caller):
+    if _in_place(count, caller, chained):
         return range(count)
     answers: dict[int, list[int]] = {}
     for index in sorted(caller):
@@ -668,20 +674,35 @@ def _place(count: int, caller: dict[int, int]) -> Sequence[int]:
     return order
 
 
-def _in_place(count: int, caller: dict[int, int]) -> bool:
-    """True when each answering item already follows its caller's other answers (the usual case)."""
-    last = -1  # the last item that answers nothing
+def _in_place(count: int, caller: dict[int, int], chained: set[int]) -> bool:
+    """True when each answering item already follows its caller's group (the usual case).
+
+    A group is the last item that answers nothing, or a run of Responses call
+    items (``chained``: role-less items whose calls are answered), as the
+    Responses API and the OpenAI Agents SDK send parallel calls: ``[call 1,
+    call 2, output 1, output 2]``. A chat or Anthropic message's calls are one
+    message, so its group is that message. A call item that answers the one
+    before it (as one answers its reasoning item) joins that item's group.
+    """
+    group: set[int] = set()
     for index in range(count):
         owner = caller.get(index)
         if owner is None:
-            last = index
-        elif owner != last:
+            if index in chained and index - 1 in group and index - 1 in chained:
+                group.add(index)  # a parallel call, right after the one before
+            else:
+                group = {index}
+        elif owner not in group:
             return False
+        elif index in chained:
+            group.add(index)  # a call item answering its reasoning: the group goes on
     return True
 
 
 def _without_results(message: dict[str, Any], keep: set[str]) -> dict[str, Any] | None:
     """The message with only its results for ``keep`` (each once); ``None`` if nothing is left."""
+    if item_type(message) is not None:  # a Responses item answers one id: all or nothing
+        return message if all(rid in keep for rid in result_ids(message)) else None
     seen: set[str] = set()
     if message.get("role") == "tool" and isinstance(message.get("tool_call_id"), str):
         if message["tool_call_id"] not in keep:
@@ -704,7 +725,14 @@ def _without_results(message: dict[str, Any], keep: set[str]) -> dict[str, Any] 
 
 
 def _without_calls(message: dict[str, Any], keep: set[str]) -> dict[str, Any] | None:
-    """The message with only its calls for ``keep``; ``None`` if nothing is left to send."""
+    """The message with only its calls for ``keep``; ``None`` if nothing is left to send.
+
+    A Responses item makes one call, or none of its own (a reasoning item
+    "calls" the item after it): unanswered, it is not sent.
+    """
+    if item_type(message) is not None:
+        own = call_ids(message)
+        return message if own and all(cid in keep for cid in own) else None
     fixed = dict(message)
     if message.get("tool_calls"):
         left = [c for c in message["tool_calls"] if c.get("id") in keep]

@@ -111,7 +111,9 @@ def paired(messages: list[dict[str, Any]]) -> int:
     """Check a view's tool pairs by id; return how many pairs it holds.
 
     Every result answers a call made by an earlier message, in the block of
-    results right after that message; every call is answered exactly once.
+    results right after that message (or after a run of Responses call
+    items, which make parallel calls one item each); every call is answered
+    exactly once.
 
     Raises:
         AssertionError: A result with no call before it, a result separated
@@ -120,6 +122,7 @@ def paired(messages: list[dict[str, Any]]) -> int:
     open_calls: set[str] = set()  # calls of the last calling message, not yet answered
     answered: set[str] = set()
     made: set[str] = set()
+    chaining = False  # the last message was a Responses call item
     for message in messages:
         results = result_ids(message)
         if results:
@@ -127,11 +130,20 @@ def paired(messages: list[dict[str, Any]]) -> int:
                 assert rid in open_calls, f"result {rid} does not follow its call"
                 open_calls.discard(rid)
                 answered.add(rid)
+            chaining = False
             continue
-        assert not open_calls, f"calls {sorted(open_calls)} are not answered right after"
+        item = "role" not in message
+        if item and message.get("type") == "reasoning":  # sent with the item after it
+            assert chaining or not open_calls, f"calls {sorted(open_calls)} are not answered"
+            chaining = True
+            continue
         calls = call_ids(message)
+        if not (chaining and item and calls):
+            assert not open_calls, f"calls {sorted(open_calls)} are not answered right after"
+            open_calls = set()
         made.update(calls)
-        open_calls = set(calls)
+        open_calls |= set(calls)
+        chaining = item and bool(calls)
     assert not open_calls, f"calls {sorted(open_calls)} are never answered"
     assert made == answered
     return len(answered)

@@ -250,13 +250,17 @@ async def test_a_tenant_user_runs_the_whole_sdk_surface(acl: AclServer, admin: R
 
         assert await store.limits() == TenantLimits(session_tokens=1_000_000)
 
+        assert [m.message for m in await store.tail("chat", 2)] == history[-2:]
+        popped = await store.pop("chat")
+        assert popped is not None and popped.message == history[-1]
+
         replaced = await store.replace("chat", history[:3])
         assert replaced.count == 3
         assert await store.get_messages("chat") == history[:3]
         cleared = await store.clear("chat")
         assert cleared.count == 0
         assert await store.get_messages("chat") == []
-        assert (await store.info("chat")).epoch == 2
+        assert (await store.info("chat")).epoch == 3  # the pop, the replace, the clear
 
         await store.append("other", history[0])
         assert {row.session for row in await store.list_sessions()} == {"chat", "other"}

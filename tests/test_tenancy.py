@@ -102,6 +102,8 @@ def session_calls(store: Any, session: Any) -> dict[str, Callable[[], Awaitable[
         "delete": lambda: store.delete(session),
         "set_ttl": lambda: store.set_ttl(session, 60),
         "pin": lambda: store.pin(session, "1-0"),
+        "pop": lambda: store.pop(session),
+        "tail": lambda: store.tail(session, 5),
     }
 
 
