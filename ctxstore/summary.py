@@ -75,14 +75,22 @@ class Summaries:
         codec = self._scope.codec
         meta, view_raw, protected = await self._scope.connection.transaction(
             [
-                ("HMGET", keys.meta, Meta.EPOCH, Meta.WATERMARK, Meta.WATERMARK_TOKENS),
+                ("HMGET", keys.meta, Meta.EPOCH, Meta.WATERMARK, Meta.WATERMARK_TOKENS, Meta.LIFE),
                 ("HMGET", keys.view, "l1", "l2", "state", "covers", "epoch"),
                 ("HKEYS", keys.keep),
             ],
             session=session,
             key=keys.meta,
         )
-        job = _Job(session, keys, text(meta[0] or b"0"), text(meta[1] or b""), lease, started)
+        job = _Job(
+            session,
+            keys,
+            text(meta[0] or b"0"),
+            text(meta[3] or b""),
+            text(meta[1] or b""),
+            lease,
+            started,
+        )
         current = current_covers(view_raw[3], view_raw[4], meta[0] or b"0", meta[1])
         previous = codec.previous(session, view_raw[:3]) if job.watermark and current else None
         # Without a usable summary, start over from the first message.
@@ -168,7 +176,7 @@ class Summaries:
                 job.lease.token,
                 job.lease.fence,
                 job.lease.now_arg(),
-                job.epoch,
+                f"{job.epoch} {job.life}",
                 job.watermark,
                 self._scope.settings.summary_trigger_tokens,
                 int((time.monotonic() - job.started) * 1000),
@@ -224,6 +232,9 @@ class _Job:
     session: str
     keys: SessionKeys
     epoch: str
+    life: str
+    """The session's life it read in (``Meta.LIFE``): an expiry and a new first
+    write start another life at the same epoch and watermark."""
     watermark: str
     lease: Lease
     started: float

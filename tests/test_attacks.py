@@ -1984,3 +1984,32 @@ async def test_a_write_stalled_past_its_reservation_twice_raises_a_typed_error(
     assert len(stalls) == 1 + RESERVE_ATTEMPTS  # a first run, then one per reservation
     assert await listed(a) == set()  # the last reservation was given back
     assert not (await a.info("s")).exists
+
+
+async def test_a_summary_of_a_session_expired_mid_job_never_lands_in_its_next_life(
+    pods: Callable[..., ContextStore], raw_redis: Redis
+) -> None:
+    """Keys expire mid-job and a new life starts at the same epoch: the commit is stale."""
+    store = pods(summary_trigger_tokens=40, summary_keep_tokens=20)
+    await store.append_many("s", [turn(i) for i in range(12)])
+
+    keys = store.keys("s")
+
+    async def expire_and_write_again() -> None:
+        await raw_redis.delete(*(k for k in keys.all() if k != keys.lease))  # the job's lease stays
+        await store.append("s", {"role": "user", "content": "a new life"})
+
+    class ExpiringMidJob(LocalSummarizer):
+        async def summarize(self, *args: Any, **kwargs: Any) -> str:
+            await expire_and_write_again()
+            return await super().summarize(*args, **kwargs)
+
+        async def summarize_levels(self, *args: Any, **kwargs: Any) -> Any:
+            await expire_and_write_again()
+            return await super().summarize_levels(*args, **kwargs)
+
+    outcome = await store.summarize("s", ExpiringMidJob())
+    assert outcome.status == "stale"
+    info = await store.info("s")
+    assert info.summary_covers is None and info.count == 1
+    assert await store.get_messages("s") == [{"role": "user", "content": "a new life"}]

@@ -10,7 +10,7 @@
 -- ARGV[2] our lease token
 -- ARGV[3] our fence
 -- ARGV[4] now in ms, or '' to use the Redis server's clock
--- ARGV[5] the epoch the job read
+-- ARGV[5] the epoch and the life (meta's rsv) the job read, as 'epoch rsv'
 -- ARGV[6] the watermark the job read ('' for none)
 -- ARGV[7] summary threshold (tokens past the watermark that make the next summary due)
 -- ARGV[8] the job's duration in ms
@@ -37,8 +37,11 @@
 local mode = ARGV[1]
 local now = now_ms(ARGV[4])
 if not lease_held(KEYS[3], ARGV[2], ARGV[3], now) then return {'lease_lost'} end
-local meta = redis.call('HMGET', KEYS[1], 'epoch', 'wm', 'tokens', 'wm_tokens', 'sq', 'sgen')
-if (meta[1] or '0') ~= ARGV[5] then return {'stale', 'epoch'} end
+local meta = redis.call('HMGET', KEYS[1], 'epoch', 'wm', 'tokens', 'wm_tokens', 'sq', 'sgen',
+                        'rsv')
+-- The session expired and was written again while the job ran: another life, whose
+-- epoch and watermark may equal those the job read.
+if (meta[1] or '0') .. ' ' .. (meta[7] or '') ~= ARGV[5] then return {'stale', 'epoch'} end
 if mode == 'committed' and meta[2] == ARGV[9] and ARGV[9] ~= ARGV[6] then
   -- Only this lease's holder commits, and a watermark only moves forward.
   if meta[5] == '1' then return {'ok', tonumber(meta[6]) or 0} end
@@ -51,7 +54,7 @@ redis.call('HSET', KEYS[1], 'sum_at', now, 'sum_ms', ARGV[8], 'sum_outcome', mod
 if mode == 'committed' then
   redis.call('DEL', KEYS[2])
   redis.call('HSET', KEYS[2], 'l1', ARGV[11], 'n1', ARGV[12], 'l2', ARGV[14], 'n2', ARGV[15],
-             'covers', ARGV[9], 'epoch', ARGV[5], 'model', ARGV[13], 'at', now, 'state', ARGV[16])
+             'covers', ARGV[9], 'epoch', meta[1] or '0', 'model', ARGV[13], 'at', now, 'state', ARGV[16])
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
   wm_tokens = tonumber(ARGV[10])
