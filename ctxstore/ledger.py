@@ -31,12 +31,10 @@ from dataclasses import fields
 from functools import lru_cache
 from typing import Any
 
+from ctxstore._fact_words import BULLET, STOP, TOKEN
 from ctxstore._facts import (
-    BULLET,
     ENTITIES,
     STATEMENTS,
-    STOP,
-    TOKEN,
     Entry,
     Fact,
     Kind,

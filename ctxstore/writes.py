@@ -40,7 +40,8 @@ from ctxstore.errors import (
 )
 from ctxstore.jobs import Handoff
 from ctxstore.lease import Lease, clock_arg, take_lease
-from ctxstore.models import AppendResult, StoredMessage, WriteResult, check_message
+from ctxstore.messages import check_message
+from ctxstore.models import AppendResult, StoredMessage, WriteResult
 from ctxstore.offload import make_preview
 from ctxstore.tenancy import NO_RESERVATION, Limits, Quotas, Reservation, TenantIndex
 from ctxstore.tokens import count_message
