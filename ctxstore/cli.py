@@ -206,7 +206,7 @@ def _worker(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _check_worker(settings: Settings, key: str) -> int:
-    from ctxstore.queue import SummaryQueue
+    from ctxstore.summary_queue import SummaryQueue
 
     queue = await SummaryQueue.connect(settings)
     try:
@@ -270,7 +270,7 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _job_state(settings: Settings, info: SessionInfo) -> str:
     """The state of the due summary's job on the queue, or why it is unknown."""
-    from ctxstore.queue import SummaryQueue
+    from ctxstore.summary_queue import SummaryQueue
 
     try:
         queue = await SummaryQueue.connect(settings)
@@ -305,7 +305,7 @@ async def _sweep(settings: Settings, args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from ctxstore._cli_render import show_sweep
-    from ctxstore.queue import SummaryQueue
+    from ctxstore.summary_queue import SummaryQueue
     from workers.logs import configure
     from workers.sweep import sweep
 

@@ -1,33 +1,37 @@
-"""The summary queue, under its former name: :mod:`ctxstore.queue` is where it lives."""
+"""The summary queue, under its former name: :mod:`ctxstore.summary_queue` is where it lives.
 
-from ctxstore.queue import (
+(Not `ctxstore.queue`: a module named `queue` shadows the standard library's when the
+package directory is on sys.path, as when amplifier-core validates ctxstore/amplifier.py.)
+"""
+
+from ctxstore.summary_queue import (
     JOB_FUNCTION as JOB_FUNCTION,
 )
-from ctxstore.queue import (
+from ctxstore.summary_queue import (
     LIVE as LIVE,
 )
-from ctxstore.queue import (
+from ctxstore.summary_queue import (
     QUEUE_BACKOFF_MS as QUEUE_BACKOFF_MS,
 )
-from ctxstore.queue import (
+from ctxstore.summary_queue import (
     Handoff as Handoff,
 )
-from ctxstore.queue import (
+from ctxstore.summary_queue import (
     JobState as JobState,
 )
-from ctxstore.queue import (
+from ctxstore.summary_queue import (
     SummaryDue as SummaryDue,
 )
-from ctxstore.queue import (
+from ctxstore.summary_queue import (
     SummaryQueue as SummaryQueue,
 )
-from ctxstore.queue import (
+from ctxstore.summary_queue import (
     deserialize as deserialize,
 )
-from ctxstore.queue import (
+from ctxstore.summary_queue import (
     job_id as job_id,
 )
-from ctxstore.queue import (
+from ctxstore.summary_queue import (
     serialize as serialize,
 )
 

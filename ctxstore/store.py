@@ -9,7 +9,7 @@ concept (as ``limits``' storage classes delegate to small parts).
   request view's one-round-trip snapshot, planned by :mod:`ctxstore.view`;
 - summaries (:mod:`ctxstore.summary`): the worker's job and its request;
 - tenancy (:mod:`ctxstore.tenancy`): the tenant's index, quotas, forgetting;
-- the queue hand-off (:mod:`ctxstore.queue`).
+- the queue hand-off (:mod:`ctxstore.summary_queue`).
 
 A store is bound to one tenant: every key it formats carries that tenant,
 and ids are validated before any key is formatted.
@@ -28,7 +28,7 @@ from ctxstore._validate import check_model, check_usage
 from ctxstore.anchor import Viewer
 from ctxstore.budget import resolve_budget
 from ctxstore.encryption import Keyring
-from ctxstore.queue import Handoff, SummaryDue
+from ctxstore.summary_queue import Handoff, SummaryDue
 from ctxstore.lease import Clock, Lease, LeaseKind, take_lease
 from ctxstore.models import (
     AppendResult,

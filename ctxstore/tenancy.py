@@ -39,7 +39,7 @@ from ctxstore.models import SessionSummary, TenantLimits
 from ctxstore.tokens import safety_factor
 
 if TYPE_CHECKING:
-    from ctxstore.queue import Handoff
+    from ctxstore.summary_queue import Handoff
 
 __all__ = [
     "NO_RESERVATION",

@@ -38,7 +38,7 @@ from ctxstore.errors import (
     SessionNotFoundError,
     StoreUnavailableError,
 )
-from ctxstore.queue import Handoff
+from ctxstore.summary_queue import Handoff
 from ctxstore.lease import Lease, clock_arg, take_lease
 from ctxstore.messages import check_message
 from ctxstore.models import AppendResult, StoredMessage, WriteResult

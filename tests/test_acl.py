@@ -43,7 +43,7 @@ from ctxstore._keys import (
 )
 from ctxstore._scripts import LIBRARY_NAME, SCRIPTS, library
 from ctxstore.acl import POD_USER, WORKER_USER, render_acl, tenant_user_name
-from ctxstore.queue import JobState, SummaryQueue, job_id
+from ctxstore.summary_queue import JobState, SummaryQueue, job_id
 from workers.sweep import sweep
 
 REDIS7 = redis7_binary()
@@ -467,7 +467,7 @@ async def test_the_sweep_as_the_worker_user_queues_what_a_tenant_user_could_not(
     acl: AclServer, admin: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A tenant user may not queue its due summary; the sweep, as ctxstore-worker, does."""
-    caplog.set_level(logging.INFO, logger="ctxstore.queue")
+    caplog.set_level(logging.INFO, logger="ctxstore.summary_queue")
     async with ContextStore.from_settings(acl.as_user(BETA_USER), tenant="beta") as store:
         await append_until_due(store, "long")
     assert "may not queue summaries" in caplog.text

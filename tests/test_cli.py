@@ -32,7 +32,7 @@ import ctxstore.cli
 from ctxstore import ContextStore, LocalSummarizer, SessionInfo, Settings, TenantLimits
 from ctxstore.acl import POD_USER, WORKER_USER
 from ctxstore.cli import LIMIT_FLAGS, LIMITS, main
-from ctxstore.queue import SummaryQueue
+from ctxstore.summary_queue import SummaryQueue
 from ctxstore.testing import free_port
 
 CTXSTORE = str(Path(sys.executable).with_name("ctxstore"))

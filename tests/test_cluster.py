@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from servers import run_burst
 
 from ctxstore import ContextStore, ReplicationError, Settings, StoreUnavailableError
-from ctxstore.queue import SummaryQueue
+from ctxstore.summary_queue import SummaryQueue
 from ctxstore.testing import FakeSummarizer
 from ctxstore.testing import LocalCluster as Cluster
 

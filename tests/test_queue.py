@@ -17,9 +17,9 @@ from helpers import append_until_due
 from redis.asyncio import Redis
 from servers import PrivateRedis, ServerPool, run_burst
 
-import ctxstore.queue
+import ctxstore.summary_queue
 from ctxstore import ConfigurationError, ContextStore, Settings, StoreUnavailableError
-from ctxstore.queue import QUEUE_BACKOFF_MS, SummaryQueue, job_id
+from ctxstore.summary_queue import QUEUE_BACKOFF_MS, SummaryQueue, job_id
 from ctxstore.settings import SentinelAddress, sentinel_address
 from ctxstore.testing import FakeSummarizer, ManualClock, free_port
 
@@ -34,13 +34,13 @@ def qsettings(summary_settings: Settings) -> Settings:
 def connects(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Every connection the queue opens, counted (the real one is made)."""
     calls: list[object] = []
-    real = ctxstore.queue.queue_connection
+    real = ctxstore.summary_queue.queue_connection
 
     def counted(settings: Settings) -> Any:
         calls.append(settings)
         return real(settings)
 
-    monkeypatch.setattr(ctxstore.queue, "queue_connection", counted)
+    monkeypatch.setattr(ctxstore.summary_queue, "queue_connection", counted)
     return calls
 
 

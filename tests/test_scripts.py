@@ -26,7 +26,7 @@ from ctxstore import (
 )
 from ctxstore._scripts import SCRIPTS
 from ctxstore.embedded import redis_server_binary
-from ctxstore.queue import SummaryQueue
+from ctxstore.summary_queue import SummaryQueue
 from ctxstore.testing import FakeSummarizer, ManualClock
 
 # The commands scripts run that name no key (COMMAND GETKEYS refuses them). Any other

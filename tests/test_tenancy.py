@@ -26,7 +26,7 @@ from ctxstore import (
     TenantLimits,
 )
 from ctxstore._keys import tenant_sessions_key, tenants_key
-from ctxstore.queue import job_id
+from ctxstore.summary_queue import job_id
 from ctxstore.testing import ManualClock
 
 PREFIX = "ctxten"

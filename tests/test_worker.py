@@ -35,7 +35,7 @@ from ctxstore import (
     SummarizerError,
     SummarizerUnavailableError,
 )
-from ctxstore.queue import SummaryQueue, deserialize, job_id
+from ctxstore.summary_queue import SummaryQueue, deserialize, job_id
 from ctxstore.policies import entry_order
 from ctxstore.testing import FakeSummarizer
 from workers import build_worker, health_check_key

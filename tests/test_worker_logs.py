@@ -177,12 +177,12 @@ def test_the_level_applies_to_ctxstore_and_workers_and_arq_info_shows_from_debug
     """At INFO: no DEBUG, no arq INFO, arq warnings; at DEBUG, all of them."""
     out = io.StringIO()
     configure("INFO", "json", stream=out)
-    for name in ("ctxstore.queue", "workers.x", "arq.worker"):
+    for name in ("ctxstore.summary_queue", "workers.x", "arq.worker"):
         logging.getLogger(name).debug("debug %s", name)
         logging.getLogger(name).info("info %s", name)
     logging.getLogger("arq.worker").warning("warning arq")
     assert [r["message"] for r in parse(out.getvalue(), "json")] == [
-        "info ctxstore.queue",
+        "info ctxstore.summary_queue",
         "info workers.x",
         "warning arq",
     ]

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from ctxstore import ContextStore, CtxstoreError
-from ctxstore.queue import LIVE, SummaryQueue
+from ctxstore.summary_queue import LIVE, SummaryQueue
 from workers.logs import error_text
 
 __all__ = ["SweepReport", "sweep"]

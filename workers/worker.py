@@ -39,7 +39,7 @@ from ctxstore import (
     SummaryOutcome,
     SummaryStatus,
 )
-from ctxstore.queue import JOB_FUNCTION, SummaryQueue, deserialize, serialize
+from ctxstore.summary_queue import JOB_FUNCTION, SummaryQueue, deserialize, serialize
 from ctxstore.settings import sentinel_address
 from ctxstore.summarizers import Summarizer, summarizer_from_settings
 from workers.logs import configure, error_text, mark_logged, redacted
