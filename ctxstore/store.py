@@ -28,7 +28,6 @@ from ctxstore._validate import check_model, check_usage
 from ctxstore.anchor import Viewer
 from ctxstore.budget import resolve_budget
 from ctxstore.encryption import Keyring
-from ctxstore.summary_queue import Handoff, SummaryDue
 from ctxstore.lease import Clock, Lease, LeaseKind, take_lease
 from ctxstore.models import (
     AppendResult,
@@ -44,6 +43,7 @@ from ctxstore.models import (
 from ctxstore.reads import Reader
 from ctxstore.settings import Settings
 from ctxstore.summary import Summaries
+from ctxstore.summary_queue import Handoff, SummaryDue
 from ctxstore.tenancy import Quotas, Ratios, TenantIndex, forget_tenant
 from ctxstore.tokens import TiktokenCounter, TokenCounter
 from ctxstore.writes import Writer

@@ -30,10 +30,10 @@ from ctxstore.tokens import count_message
 if TYPE_CHECKING:
     from ctxstore._keys import SessionKeys
     from ctxstore.anchor import Snapshot
-    from ctxstore.summary_queue import Handoff
     from ctxstore.reads import Reader
     from ctxstore.settings import Settings
     from ctxstore.summarizers import Summarizer
+    from ctxstore.summary_queue import Handoff
 
 __all__ = ["Summaries", "summary_chunks", "summary_cut"]
 

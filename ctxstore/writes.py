@@ -38,11 +38,11 @@ from ctxstore.errors import (
     SessionNotFoundError,
     StoreUnavailableError,
 )
-from ctxstore.summary_queue import Handoff
 from ctxstore.lease import Lease, clock_arg, take_lease
 from ctxstore.messages import check_message
 from ctxstore.models import AppendResult, StoredMessage, WriteResult
 from ctxstore.offload import make_preview
+from ctxstore.summary_queue import Handoff
 from ctxstore.tenancy import NO_RESERVATION, Limits, Quotas, Reservation, TenantIndex
 from ctxstore.tokens import count_message
 

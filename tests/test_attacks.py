@@ -62,8 +62,8 @@ from ctxstore._formats import call_ids
 from ctxstore._keys import session_keys, tenant_pending_keys, tenant_sessions_key, tenants_key
 from ctxstore._scripts import NAMES, SCRIPTS, Script, library
 from ctxstore.acl import POD_USER, WORKER_USER, render_acl, tenant_user_name
-from ctxstore.summary_queue import SummaryQueue
 from ctxstore.lease import Lease
+from ctxstore.summary_queue import SummaryQueue
 from ctxstore.tenancy import CLOCK_MARGIN_MS
 from ctxstore.testing import Ack, ManualClock, audit, orphans
 from ctxstore.tokens import count_message

@@ -19,8 +19,8 @@ from servers import PrivateRedis, ServerPool, run_burst
 
 import ctxstore.summary_queue
 from ctxstore import ConfigurationError, ContextStore, Settings, StoreUnavailableError
-from ctxstore.summary_queue import QUEUE_BACKOFF_MS, SummaryQueue, job_id
 from ctxstore.settings import SentinelAddress, sentinel_address
+from ctxstore.summary_queue import QUEUE_BACKOFF_MS, SummaryQueue, job_id
 from ctxstore.testing import FakeSummarizer, ManualClock, free_port
 
 

@@ -35,8 +35,8 @@ from ctxstore import (
     SummarizerError,
     SummarizerUnavailableError,
 )
-from ctxstore.summary_queue import SummaryQueue, deserialize, job_id
 from ctxstore.policies import entry_order
+from ctxstore.summary_queue import SummaryQueue, deserialize, job_id
 from ctxstore.testing import FakeSummarizer
 from workers import build_worker, health_check_key
 from workers.sweep import sweep

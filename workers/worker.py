@@ -39,9 +39,9 @@ from ctxstore import (
     SummaryOutcome,
     SummaryStatus,
 )
-from ctxstore.summary_queue import JOB_FUNCTION, SummaryQueue, deserialize, serialize
 from ctxstore.settings import sentinel_address
 from ctxstore.summarizers import Summarizer, summarizer_from_settings
+from ctxstore.summary_queue import JOB_FUNCTION, SummaryQueue, deserialize, serialize
 from workers.logs import configure, error_text, mark_logged, redacted
 from workers.sweep import sweep
 
