@@ -1,75 +1,152 @@
-"""Every Python example in the README runs, as written, against this run's Redis.
+"""The README's examples run as written, and its commands parse and run.
 
-Each ```python block is compiled with top-level ``await`` allowed and run with
-``CTXSTORE_*`` pointing at the test server and this test's key prefix. The
-few names a block leaves to the reader (the model call, the Amplifier
-coordinator) are provided; a block that needs a package this environment
-lacks is skipped here and runs in the other environment ``make test`` uses.
+Each ```python block is run as a script of its own (it is complete: imports,
+``asyncio.run``), with ``CTXSTORE_*`` pointing at the test server under this
+test's key prefix. A block that needs a package this environment lacks is
+skipped here and runs in the other environment ``make test`` uses. Each
+``ctxstore`` command line the README shows is parsed by the CLI's own parser,
+and the read commands of the recorded session run against a session of ours.
 """
 
 from __future__ import annotations
 
-import ast
+import asyncio
 import importlib.util
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from ctxstore import Settings
+from ctxstore import ContextStore, Settings
+from ctxstore.cli import _parser
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
-
-
-def python_blocks() -> list[tuple[int, str]]:
-    """The README's Python blocks, with the line each starts on."""
-    text = README.read_text()
-    return [(text.count("\n", 0, m.start()) + 2, m.group(1)) for m in BLOCK.finditer(text)]
-
+TEXT = README.read_text()
+CTXSTORE = str(Path(sys.executable).with_name("ctxstore"))
 
 NEEDS = {
-    "amplifier_core": r"\bctxstore\.amplifier\b",
+    "amplifier_core": r"\bctxstore\.amplifier\b|\bamplifier_core\b",
     "agents": r"\bctxstore\.integrations\.openai_agents\b|^(from|import) agents\b",
     "langchain_core": r"\bctxstore\.integrations\.langchain\b|\blangchain_core\b",
 }
 """The optional package each kind of block needs, by what it imports."""
 
+PLACEHOLDERS = {
+    "SESSION": "conv-42",
+    "T": "acme",
+    "N": "5",
+    "M": "claude-sonnet-4-5",
+    "F": "out.acl",
+    "QUERY": "KeyError",
+}
 
-def needed(source: str) -> list[str]:
-    """The optional packages a block needs."""
-    return [package for package, uses in NEEDS.items() if re.search(uses, source, re.MULTILINE)]
+
+def blocks() -> list[tuple[str, int, str]]:
+    """The README's fenced blocks: (language, the line the code starts on, the code)."""
+    found: list[tuple[str, int, str]] = []
+    language: str | None = None
+    start, code = 0, []
+    for number, line in enumerate(TEXT.splitlines(), 1):
+        if not line.startswith("```"):
+            code.append(line)
+        elif language is None:
+            language, start, code = line[3:].strip(), number + 1, []
+        else:
+            found.append((language, start, "\n".join(code) + "\n"))
+            language = None
+    return found
 
 
-def test_the_readme_has_python_examples() -> None:
-    """The extraction finds the SDK example (so the test below cannot pass on nothing)."""
+def python_blocks() -> list[tuple[int, str]]:
+    """The README's Python blocks, with the line each starts on."""
+    return [(start, code) for language, start, code in blocks() if language == "python"]
+
+
+def command_lines() -> list[str]:
+    """Every ``ctxstore ...`` line in the README's code blocks, placeholders filled in."""
+    lines = []
+    for language, _, code in blocks():
+        if language not in ("", "sh", "text"):
+            continue
+        for raw in code.replace("\\\n", " ").splitlines():
+            line = raw.strip().removeprefix("$ ")
+            line = re.sub(r"^(CTXSTORE_\w+=\S+\s+)+", "", line)
+            if not line.startswith("ctxstore "):
+                continue
+            words = shlex.split(line.split("  #")[0].split("   ")[0])
+            words = [w.strip("[]") for w in words]  # a synopsis' optional parts, all given
+            words = [PLACEHOLDERS.get(w, w) for w in words if w not in ("", "...")]
+            lines.append(shlex.join(words))
+    return lines
+
+
+async def _a_session(settings: Settings) -> None:
+    async with ContextStore.from_settings(settings, tenant="acme") as store:
+        await store.append("conv-42", {"role": "user", "content": "Fix the failing test."})
+
+
+def env_for(settings: Settings, prefix: str) -> dict[str, str]:
+    """A process environment on the test server, under ``prefix``."""
+    assert settings.redis_url is not None
+    return {k: v for k, v in os.environ.items() if not k.startswith("CTXSTORE_")} | {
+        "CTXSTORE_REDIS_URL": settings.redis_url,
+        "CTXSTORE_KEY_PREFIX": prefix,
+        "CTXSTORE_QUEUE_NAME": f"{prefix}:summaries",
+    }
+
+
+def test_the_readme_has_examples_and_commands() -> None:
+    """The extraction finds the SDK example and the commands (the tests below test something)."""
     assert any("ContextStore.from_settings" in source for _, source in python_blocks())
+    assert {"sessions", "status", "view", "limits", "worker"} <= {
+        line.split()[1] for line in command_lines()
+    }
 
 
 @pytest.mark.parametrize(("line", "source"), python_blocks(), ids=lambda v: str(v)[:12])
-async def test_a_readme_example_runs(
-    line: int, source: str, settings: Settings, monkeypatch: pytest.MonkeyPatch, tenant: str
+def test_a_readme_example_runs_as_written(
+    line: int, source: str, settings: Settings, tenant: str
 ) -> None:
-    """The block runs to its end with only the reader's own names filled in."""
-    for package in needed(source):
-        if importlib.util.find_spec(package) is None:
+    """The block, run as a script, exits 0 and prints what it says it does."""
+    for package, uses in NEEDS.items():
+        if re.search(uses, source, re.MULTILINE) and importlib.util.find_spec(package) is None:
             pytest.skip(f"needs {package} (installed in the other environment)")
-    assert settings.redis_url is not None
-    monkeypatch.setenv("CTXSTORE_REDIS_URL", settings.redis_url)
-    monkeypatch.setenv("CTXSTORE_KEY_PREFIX", f"{settings.key_prefix}-readme-{tenant}")
-    monkeypatch.setenv("CTXSTORE_QUEUE_NAME", f"{settings.key_prefix}-readme-{tenant}:summaries")
-    sent: list[Any] = []
-    namespace: dict[str, Any] = {"call_the_model": sent.append, "__name__": "readme"}
-    if "coordinator" in source:
-        from amplifier_core.testing import MockCoordinator
-
-        namespace["coordinator"] = MockCoordinator()
-    code = compile(source, f"README.md:{line}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    result = eval(code, namespace)
-    if result is not None:
-        await result
+    prefix = f"{settings.key_prefix}-readme-{tenant}"
+    done = subprocess.run(
+        [sys.executable, "-c", source],
+        env=env_for(settings, prefix),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"README.md:{line}\n{done.stderr}"
     if "call_the_model" in source:
-        assert sent and sent[0], "the example sent the model nothing"
-    if "cleanup" in namespace:
-        await namespace["cleanup"]()
+        assert "sending" in done.stdout
+
+
+@pytest.mark.parametrize("command", command_lines())
+def test_a_readme_command_parses(command: str) -> None:
+    """The CLI's own parser accepts the command line as the README writes it."""
+    args = _parser().parse_args(shlex.split(command)[1:])
+    assert args.command == shlex.split(command)[1]
+
+
+@pytest.mark.parametrize("command", ["sessions", "status conv-42", "view conv-42", "limits"])
+def test_the_recorded_read_commands_run(command: str, settings: Settings, tenant: str) -> None:
+    """The recorded session's commands answer on a session of ours, exit 0, one table each."""
+    prefix = f"{settings.key_prefix}-readme-{tenant}"
+    own = settings.model_copy(update={"key_prefix": prefix})
+    asyncio.run(_a_session(own))
+    done = subprocess.run(
+        [CTXSTORE, *command.split(), "--tenant", "acme"],
+        env=env_for(settings, prefix) | {"COLUMNS": "120"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "acme" in done.stdout

@@ -1,0 +1,9 @@
+"""Adapters that plug ctxstore sessions into agent frameworks.
+
+Each module needs its framework, installed with the matching extra, and is
+imported by its own name: ``import ctxstore`` never loads a framework.
+
+- :mod:`ctxstore.integrations.openai_agents`: the OpenAI Agents SDK
+  (extra ``openai-agents``);
+- :mod:`ctxstore.integrations.langchain`: LangChain (extra ``langchain``).
+"""

@@ -1,0 +1,223 @@
+"""The OpenAI Agents SDK's ``Session``, over one ctxstore session.
+
+Give a :class:`CtxstoreSession` to the runner and it keeps the conversation:
+before a turn the runner reads the history, after it the runner appends the
+turn's items, each batch in one atomic append (lock-free, idempotent). Pods
+that serve one conversation build sessions with the same id and share it::
+
+    from agents import Agent, Runner
+    from ctxstore.integrations.openai_agents import CtxstoreSession
+
+    async with CtxstoreSession.from_url("user-123", url=URL, tenant="acme") as session:
+        result = await Runner.run(agent, "Hello", session=session)
+
+Items are stored as the SDK gives them (Responses items: messages, function
+calls and their outputs, reasoning...) and come back equal. ``get_items`` is
+the history as stored, which the runner needs; a read that must fit a context
+window is :meth:`CtxstoreSession.get_view`, ctxstore's budgeted view
+(summarized, tool calls never cut from their outputs), for callers that build
+the model's input themselves.
+
+Needs the ``openai-agents`` extra (the SDK's ``SessionSettings``: 0.8 or later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from agents import TResponseInputItem
+from agents.memory import SessionSettings
+
+from ctxstore.errors import BudgetExceededError, InvalidInputError
+from ctxstore.store import ContextStore
+
+__all__ = ["CtxstoreSession"]
+
+_TAIL_LIMIT = 10_000
+"""The most messages ``ContextStore.tail`` reads at once; a larger ``limit`` reads the history."""
+
+_T = TypeVar("_T")
+
+
+class CtxstoreSession:
+    """The Agents SDK ``Session`` protocol over one ctxstore session.
+
+    Args:
+        session_id: The session's id in the store: ASCII letters, digits,
+            ``_``, ``.`` and ``-``, up to 128 characters.
+        store: The store, bound to the tenant; the caller closes it.
+        session_settings: The SDK's settings (or their dict form); their
+            ``limit`` applies when :meth:`get_items` is called without one,
+            as in the SDK's own sessions.
+
+    Attributes:
+        session_id: The session's id.
+        store: The store it reads and writes.
+        session_settings: The SDK's settings for this session.
+
+    Raises:
+        InvalidIdError: ``session_id`` cannot be a ctxstore session id.
+        InvalidInputError: ``session_settings`` names a setting the SDK lacks.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        store: ContextStore,
+        *,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+    ) -> None:
+        store.keys(session_id)  # refuses a bad id now, not at the first call
+        self.session_id = session_id
+        self.store = store
+        if isinstance(session_settings, dict):
+            session_settings = _settings_from_dict(session_settings)
+        self.session_settings: SessionSettings | None = (
+            SessionSettings() if session_settings is None else session_settings
+        )
+        self._owns_store = False
+
+    @classmethod
+    def from_url(
+        cls,
+        session_id: str,
+        *,
+        url: str,
+        tenant: str,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+        **store_kwargs: Any,
+    ) -> CtxstoreSession:
+        """A session on a store of its own, on the Redis at ``url``; no I/O yet.
+
+        :meth:`aclose` (or ``async with``) closes that store. ``store_kwargs``
+        go to :meth:`ContextStore.from_url` (``settings``, ``keyring``...).
+        """
+        session = cls(
+            session_id,
+            ContextStore.from_url(url, tenant, **store_kwargs),
+            session_settings=session_settings,
+        )
+        session._owns_store = True
+        return session
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The newest ``limit`` items, oldest first; all of them when no limit is set.
+
+        With a limit, one bounded read of the newest entries, whatever the
+        history's length; only a limit over 10,000 (the most one read
+        returns) on a longer history reads all of it.
+
+        Args:
+            limit: How many items, 0 or more; ``None``: ``session_settings.limit``,
+                and when that is ``None`` too, the whole history.
+
+        Raises:
+            InvalidInputError: ``limit`` is not ``None`` or an integer from 0.
+        """
+        if limit is None and self.session_settings is not None:
+            limit = self.session_settings.limit
+        if limit is None:
+            return await self.store.get_messages(self.session_id)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidInputError(
+                f"limit must be None or an integer from 0, not {limit!r}",
+                tenant=self.store.tenant,
+                session=self.session_id,
+            )
+        if limit == 0:
+            return []
+        newest = await self.store.tail(self.session_id, min(limit, _TAIL_LIMIT))
+        if limit > _TAIL_LIMIT and len(newest) == _TAIL_LIMIT:
+            return (await self.store.get_messages(self.session_id))[-limit:]
+        return [stored.message for stored in newest]
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Append items in order, all of them or none, in one round trip.
+
+        Raises:
+            InvalidMessageError: An item is not a dict, or not a message or
+                Responses item the store accepts; nothing was written.
+            QuotaExceededError: The write would pass one of the tenant's quotas.
+        """
+        await _settled(self.store.append_many(self.session_id, items))
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Remove the newest item and return it; ``None`` when the session is empty."""
+        stored = await _settled(self.store.pop(self.session_id))
+        return None if stored is None else stored.message
+
+    async def clear_session(self) -> None:
+        """Drop every item of the session (under its lease; the epoch is bumped)."""
+        await _settled(self.store.clear(self.session_id))
+
+    async def get_view(
+        self, token_budget: int | None = None, *, model: str | None = None
+    ) -> list[TResponseInputItem]:
+        """The items to send that fit ``token_budget``: ctxstore's view, one round trip.
+
+        System and pinned items, the cached summary standing in for older
+        turns (a message in ``<summary>`` tags, of ``Settings.summary_role``),
+        then the newest items that fit, tool calls kept with their outputs.
+        The history is not changed.
+
+        Args:
+            token_budget: In the model's tokens; the store's default if ``None``.
+            model: The model's name, for its tokens-per-stored-token factor.
+
+        Raises:
+            BudgetExceededError: System and pinned items alone exceed the budget.
+        """
+        view = await self.store.view(self.session_id, token_budget=token_budget, model=model)
+        if view.stats.over_budget:
+            raise BudgetExceededError(
+                view.stats.budget,
+                view.stats.protected_tokens,
+                tenant=self.store.tenant,
+                session=self.session_id,
+            )
+        return view.messages
+
+    async def aclose(self) -> None:
+        """Close the store if this session opened it (:meth:`from_url`); else nothing."""
+        if self._owns_store:
+            await self.store.aclose()
+
+    async def __aenter__(self) -> CtxstoreSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _settings_from_dict(given: dict[str, Any]) -> SessionSettings:
+    """The SDK's settings from their dict form; an unknown key is refused, not dropped."""
+    known = {field.name for field in dataclasses.fields(SessionSettings)}
+    unknown = sorted(str(key) for key in given if key not in known)
+    if unknown:
+        raise InvalidInputError(f"unknown session settings: {', '.join(unknown)}")
+    return SessionSettings(**given)
+
+
+async def _settled(write: Awaitable[_T]) -> _T:
+    """Wait for a write's outcome even when the caller is cancelled meanwhile.
+
+    A write cancelled in flight may still reach Redis after its caller has
+    moved on: a retried ``add_items`` could then land twice, or a clear land
+    after the next turn's items. So the write runs to its end, and the
+    cancellation is raised once it has, as the SDK's own sessions do.
+    """
+    task = asyncio.ensure_future(write)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation is what the caller gets
+        raise cancelled
+    return task.result()
