@@ -243,9 +243,8 @@ def plan_anchored(
     summary_tokens = summary.summary.tokens if summary else 0
     room = budget - protected_tokens - summary_tokens
     target = shape.low_water * budget - protected_tokens - summary_tokens
-    high = min(room, (1 + shape.low_water) / 2 * budget - protected_tokens - summary_tokens)
     covers = entry_order(summary.summary.covers_upto) if summary else None
-    chosen = _step_body(raw, cost, target, high, room, covers)
+    chosen = _step_body(raw, cost, target, room, covers)
     new = Anchor(
         epoch=epoch,
         start=chosen[0].entry_id if chosen else _after(raw),
@@ -261,18 +260,16 @@ def _step_body(
     raw: Sequence[Entry],
     cost: Callable[[Entry], int],
     target: float,
-    high: float,
     room: int,
     covers: tuple[int, int] | None,
 ) -> list[Entry]:
-    """The raw part of a moved anchor: the longest suffix within ``target`` tokens.
+    """The raw part of a moved anchor: the suffix nearest ``target`` tokens.
 
-    It starts at an exchange boundary. With a summary, it reaches back to
-    the first entry the summary does not cover if the whole budget holds
-    that: a gap between the summary and the raw part would lose what is in
-    it. Entries the summary covers are sent too while they fit: raw text
-    keeps what a summary loses. When even the newest exchange is past ``high``, it is sent alone if
-    ``room`` (the whole budget) holds it.
+    It starts at an exchange boundary and fits ``room`` (the whole budget).
+    With a summary, it reaches back to the first entry the summary does not
+    cover if the whole budget holds that: a gap between the summary and the
+    raw part would lose what is in it. Entries the summary covers are sent
+    too while they fit: raw text keeps what a summary loses.
     """
     earliest = earliest_callers(raw)
     suffix = [0] * (len(raw) + 1)
@@ -281,14 +278,20 @@ def _step_body(
     starts = [i for i in range(len(raw)) if earliest[i] >= i]  # no exchange cut at i
     if not starts:
         return []
-    fits = [i for i in starts if suffix[i] <= high]
+    fits = [i for i in starts if suffix[i] <= room]
     if not fits:
-        newest = starts[-1]
-        return list(raw[newest:]) if suffix[newest] <= room else []
-    # The longest suffix within the target (a new anchor as empty as the low-water mark
-    # asks: the most calls before the next move); else the shortest past it.
-    below = [i for i in fits if suffix[i] <= target]
-    best = below[0] if below else fits[-1]
+        return []
+
+    def miss(i: int) -> float:
+        """How far the suffix from ``i`` lands from the target; past it counts double."""
+        over = suffix[i] - target
+        return 2 * over if over > 0 else -over
+
+    # The suffix nearest the low-water mark: a new anchor as empty as it asks (the
+    # most calls before the next move), but not an almost empty view because the
+    # next exchange boundary is a large tool result away: overshooting the mark
+    # (up to the whole budget) costs twice the tokens short of it.
+    best = min(fits, key=miss)
     if covers is not None:
         uncovered = next(
             (i for i, e in enumerate(raw) if entry_order(e.entry_id) > covers), len(raw)

@@ -109,6 +109,24 @@ async def test_appends_only_extend_the_view_until_it_moves_once(store: ContextSt
     assert 5 <= moves <= 12
 
 
+async def test_a_move_takes_a_large_exchange_that_fits_rather_than_an_almost_empty_view(
+    settings: Settings, tenant: str
+) -> None:
+    """~800-token exchanges, then a question; budget 1,000: the move keeps the last exchange."""
+    whole = settings.model_copy(update={"offload_threshold_tokens": 100_000})  # no previews
+    async with ContextStore.from_settings(whole, tenant=tenant) as store:
+        for i in range(3):
+            await store.append_many(
+                "s",
+                [user(f"check part {i}"), oa_call(f"c{i}"), oa_result(f"c{i}", "row " * 780)],
+            )
+        await store.append("s", user("and now?"))
+        view = await store.view("s", token_budget=1_000)
+    assert view.stats.tokens <= 1_000
+    assert view.stats.tokens >= 800, view.stats
+    assert view.messages[-1] == user("and now?") and paired(view.messages) == 1
+
+
 async def test_a_move_with_a_summary_fills_to_the_low_water_with_covered_entries(
     summary_settings: Settings, tenant: str
 ) -> None:
