@@ -1,0 +1,252 @@
+"""Cost per agent turn: client time, Redis CPU and bytes Redis sends, against a plain client.
+
+An agent turn here is what a pod does around two model calls: append the
+user's message, read the view, append the assistant's message with two
+parallel tool calls and their two results, read the view again. The plain
+client does the same turn with raw redis-py: one ``XADD`` per message, and
+for each view ``XRANGE key - + COUNT 1`` (the system prompt) plus
+``XREVRANGE key + - COUNT 64`` (the newest messages), as a hand-written
+history would; it counts tokens with tiktoken at append, as ctxstore does.
+
+Each workload runs on a private ``redis-server`` (Redis 7 from PATH, the
+shipped deploy/redis.conf with persistence off), so the server's CPU
+(``INFO cpu``: user + system, main thread and I/O) and its output bytes
+(``INFO stats`` ``total_net_output_bytes``) belong to the run alone. The
+workloads: one session of 100, 1,000 and 3,000 messages (filled untimed
+first), and 50 sessions of 1,000 messages served round robin. ctxstore and the
+plain client alternate in blocks, on sessions of their own, and each figure is
+per turn: the median client time, and the server's CPU and bytes over the
+block divided by its turns (the two INFO probes per block are under 0.1% of
+a block's CPU and are left in).
+
+Run it from the repository root::
+
+    .venv/bin/python -m bench.turns            # make bench-turns
+    .venv/bin/python -m bench.turns --quick    # fewer turns: a smoke run
+
+It prints a table and writes ``bench/results/turns.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+
+from bench.bench import SHIPPED_CONF, conversation, private_redis, tool_exchange
+from ctxstore import ContextStore, Settings, TiktokenCounter, count_message
+
+RESULTS = Path(__file__).resolve().parent / "results" / "turns.json"
+BUDGET = 8_000
+SIZE = 400
+"""Bytes of text per message (the plain tool results and prose of bench.bench)."""
+
+
+@dataclass(slots=True)
+class Block:
+    """What one side's block of turns cost."""
+
+    seconds: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+    out_bytes: int = 0
+    turns: int = 0
+
+    def row(self) -> dict[str, float]:
+        """Per turn: median client time, and the server's CPU and output bytes."""
+        return {
+            "client_ms_p50": statistics.median(self.seconds) * 1000,
+            "redis_cpu_us": self.cpu_s / self.turns * 1e6,
+            "redis_out_kb": self.out_bytes / self.turns / 1024,
+        }
+
+
+async def server_counters(raw: Redis) -> tuple[float, int]:
+    """The server's CPU seconds so far (user + system) and bytes sent."""
+    cpu = await raw.info("cpu")
+    stats = await raw.info("stats")
+    return (
+        float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+        int(stats["total_net_output_bytes"]),
+    )
+
+
+class Plain:
+    """The hand-written baseline: raw streams, tiktoken at append."""
+
+    def __init__(self, raw: Redis, counter: TiktokenCounter) -> None:
+        self._raw = raw
+        self._counter = counter
+
+    async def fill(self, session: str, messages: Sequence[dict[str, Any]]) -> None:
+        """Write a history untimed, pipelined."""
+        pipe = self._raw.pipeline(transaction=False)
+        for message in messages:
+            pipe.xadd(f"plain:{session}", {"m": json.dumps(message), "t": self._count(message)})
+        await pipe.execute()
+
+    async def append(self, session: str, messages: Sequence[dict[str, Any]]) -> None:
+        """One XADD per message."""
+        for message in messages:
+            await self._raw.xadd(
+                f"plain:{session}", {"m": json.dumps(message), "t": self._count(message)}
+            )
+
+    async def view(self, session: str) -> int:
+        """The system prompt and the newest 64 messages."""
+        first = await self._raw.xrange(f"plain:{session}", "-", "+", count=1)
+        newest = await self._raw.xrevrange(f"plain:{session}", "+", "-", count=64)
+        return len(first) + len(newest)
+
+    def _count(self, message: dict[str, Any]) -> int:
+        return count_message(self._counter, message)
+
+
+class Ctx:
+    """ctxstore, as a pod uses it."""
+
+    def __init__(self, store: ContextStore) -> None:
+        self._store = store
+
+    async def fill(self, session: str, messages: Sequence[dict[str, Any]]) -> None:
+        """Write a history untimed, 500 messages per append_many."""
+        for start in range(0, len(messages), 500):
+            await self._store.append_many(session, messages[start : start + 500])
+
+    async def append(self, session: str, messages: Sequence[dict[str, Any]]) -> None:
+        """The first message alone (the user's turn), the rest in one batch."""
+        await self._store.append(session, messages[0])
+        if len(messages) > 1:
+            await self._store.append_many(session, messages[1:])
+
+    async def view(self, session: str) -> int:
+        """The request view at the benchmark's budget."""
+        return len((await self._store.view(session, token_budget=BUDGET)).messages)
+
+
+async def run_block(
+    side: Plain | Ctx,
+    raw: Redis,
+    sessions: Sequence[str],
+    turns: int,
+    next_turn: Callable[[], list[dict[str, Any]]],
+) -> Block:
+    """``turns`` agent turns, round robin over ``sessions``."""
+    block = Block(turns=turns)
+    cpu0, out0 = await server_counters(raw)
+    for index in range(turns):
+        session = sessions[index % len(sessions)]
+        exchange = next_turn()
+        started = time.perf_counter()
+        await side.append(session, exchange[:1])
+        await side.view(session)
+        await side.append(session, exchange[1:])
+        await side.view(session)
+        block.seconds.append(time.perf_counter() - started)
+    cpu1, out1 = await server_counters(raw)
+    block.cpu_s, block.out_bytes = cpu1 - cpu0, out1 - out0
+    return block
+
+
+async def workload(
+    url: str, name: str, length: int, sessions: int, turns: int, rounds: int
+) -> dict[str, Any]:
+    """One workload: fill both sides, then alternate blocks of turns."""
+    counter = TiktokenCounter()
+    settings = Settings(redis_url=url, key_prefix="turns", queue_name="turns:summaries")
+    raw = Redis.from_url(url)
+    numbers = itertools.count()
+    rng = random.Random(11)
+
+    def next_turn() -> list[dict[str, Any]]:
+        return tool_exchange(rng, next(numbers), SIZE)
+
+    history = conversation(length, SIZE, seed=3)
+    async with ContextStore.from_settings(settings, tenant="bench") as store:
+        plain, ctx = Plain(raw, counter), Ctx(store)
+        names = [f"s{length}-{sessions}-{i}" for i in range(sessions)]
+        for session in names:
+            await plain.fill(session, history)
+            await ctx.fill(session, history)
+        blocks: dict[str, list[Block]] = {"plain": [], "ctxstore": []}
+        for round_ in range(rounds):
+            order: list[tuple[str, Plain | Ctx]] = [("plain", plain), ("ctxstore", ctx)]
+            if round_ % 2:
+                order.reverse()
+            for label, side in order:
+                blocks[label].append(await run_block(side, raw, names, turns, next_turn))
+    await raw.aclose()
+    merged = {label: _merge(b) for label, b in blocks.items()}
+    ratio = {k: merged["ctxstore"][k] / merged["plain"][k] for k in merged["plain"]}
+    return {"workload": name, "messages": length, "sessions": sessions, **merged, "ratio": ratio}
+
+
+def _merge(blocks: Sequence[Block]) -> dict[str, float]:
+    merged = Block()
+    for block in blocks:
+        merged.seconds.extend(block.seconds)
+        merged.cpu_s += block.cpu_s
+        merged.out_bytes += block.out_bytes
+        merged.turns += block.turns
+    return merged.row()
+
+
+def render(rows: Sequence[dict[str, Any]]) -> str:
+    """The table: per turn, plain / ctxstore / ratio for each figure."""
+    head = (
+        f"{'workload':<22}{'client p50 ms':>26}{'Redis CPU us':>26}{'Redis out KB':>26}\n"
+        f"{'':<22}" + f"{'plain':>9}{'ctx':>9}{'ratio':>8}" * 3
+    )
+    lines = [head]
+    for row in rows:
+        cells = []
+        for key in ("client_ms_p50", "redis_cpu_us", "redis_out_kb"):
+            cells.append(
+                f"{row['plain'][key]:>9.1f}{row['ctxstore'][key]:>9.1f}{row['ratio'][key]:>7.2f}x"
+            )
+        label = f"{row['workload']} ({row['messages']:,})"
+        lines.append(f"{label:<22}" + "".join(cells))
+    return "\n".join(lines)
+
+
+async def main_async(quick: bool) -> None:
+    turns, rounds = (20, 2) if quick else (60, 4)
+    cases: list[tuple[str, int, int]] = [
+        ("one session", 100, 1),
+        ("one session", 1_000, 1),
+        ("one session", 3_000, 1),
+        ("50 sessions", 1_000, 50),
+    ]
+    rows = []
+    with private_redis(SHIPPED_CONF) as (url, note):
+        if url is None:
+            raise SystemExit(f"the turn benchmark needs a private Redis 7: {note}")
+        for name, length, sessions in cases:
+            rows.append(await workload(url, name, length, sessions, turns, rounds))
+            print(render(rows[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(render(rows))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"budget": BUDGET, "rows": rows}, indent=2) + "\n")
+    print(f"\nwritten to {RESULTS}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the turn benchmark."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer turns: a smoke run")
+    args = parser.parse_args(argv)
+    asyncio.run(main_async(args.quick))
+
+
+if __name__ == "__main__":
+    main()
