@@ -102,8 +102,27 @@ class Viewer:
                 plan = await self._step(session, keys, snap, size, shape)
                 if plan is None:
                     continue  # the history changed under the step: read again
+            self._guess_next_read(session, size, snap, plan)
             return self._result(plan, snap, budget), snap
         raise EpochChangedError(-1, -1, tenant=self._scope.tenant, session=session, key=keys.anchor)
+
+    def _guess_next_read(self, session: str, size: int, snap: Snapshot, plan: ViewPlan) -> None:
+        """How many entries the next view of ``session`` reads in its first round trip.
+
+        What this view sent reaches back to the anchor's start; the next one
+        needs that and whatever is appended meanwhile (a quarter more, at
+        least 8 entries). Reading back a budget's worth instead (what a move
+        may need) would send Redis several times what the view sends; a move
+        reads back itself (``_step``), and a short guess costs one more round
+        trip.
+        """
+        protected = {e.entry_id for e in snap.protected}
+        sent = [entry_order(i) for i in plan.kept_ids if i not in protected]
+        if not sent:
+            return
+        first = min(sent)
+        needed = sum(1 for e in snap.tail if entry_order(e.entry_id) >= first)
+        self._counts.put((session, size), needed + max(8, needed // 4))
 
     def _plan(
         self, snap: Snapshot, size: int, shape: Shape, levels: list[SummaryLevel] | None
@@ -154,7 +173,7 @@ class Viewer:
         if int(meta[0] or 0) != snap.epoch:
             return None
         levels = codec.summary_levels(session, fields, meta[0] or b"0", meta[1], role)
-        if not snap.complete and _raw_cost(snap, size, shape) < size:
+        while not snap.complete and _raw_cost(snap, size, shape) < size:
             await self._read_back(session, keys, snap, size, shape)
         plan, new = self._plan(snap, size, shape, levels)
         if plan is None or new is None:

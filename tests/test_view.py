@@ -127,6 +127,26 @@ async def test_a_move_takes_a_large_exchange_that_fits_rather_than_an_almost_emp
     assert view.messages[-1] == user("and now?") and paired(view.messages) == 1
 
 
+async def test_a_pod_that_viewed_a_session_reads_little_more_than_it_sends(
+    store: ContextStore,
+) -> None:
+    """Between anchor moves, a view reads from its anchor's start, not a budget's worth back."""
+    await store.append("s", SYSTEM)
+    await store.append_many("s", [turn(i) for i in range(400)])
+    previous = dumped((await store.view("s", token_budget=2_000)).messages)
+    held = 0
+    for i in range(400, 430):
+        await store.append("s", turn(i))
+        view = await store.view("s", token_budget=2_000)
+        now = dumped(view.messages)
+        if now[: len(previous)] == previous:  # the anchor held (a move reads back, once)
+            held += 1
+            sent = view.stats.messages - 1  # the system prompt is read from its own copy
+            assert view.stats.entries_read <= 1 + sent + max(8, sent // 4) + 1, view.stats
+        previous = now
+    assert held >= 20
+
+
 async def test_a_move_with_a_summary_fills_to_the_low_water_with_covered_entries(
     summary_settings: Settings, tenant: str
 ) -> None:
