@@ -45,6 +45,7 @@ check: lint typecheck test
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.bench
+	$(BIN)/python -m bench.metrics_bench
 
 eval: $(STAMP)
 	$(BIN)/python -m bench.eval

@@ -50,6 +50,14 @@ def _positive(what: str, high: Callable[[], int]) -> Callable[[str], int]:
     return parse
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    value = _whole(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, not {value}")
+    return value
+
+
 def _max_budget() -> int:
     from ctxstore.budget import MAX_BUDGET  # when --budget is given: --help stays light
 
@@ -197,6 +205,7 @@ def _worker_parser(commands: Any) -> None:
             "ctxstore worker --log-level DEBUG --log-format json",
             "ctxstore worker --burst        # until the queue is empty",
             "ctxstore worker --check        # exit 0 while this host's worker is healthy",
+            "ctxstore worker --metrics-port 9464   # Prometheus metrics at :9464/metrics",
         ],
     )
     worker.add_argument(
@@ -206,6 +215,12 @@ def _worker_parser(commands: Any) -> None:
         "--check",
         action="store_true",
         help="exit 0 if this worker's health-check key (refreshed every 10 s) exists; 1 if not",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics while the worker runs",
     )
     worker.add_argument(
         "--log-level",

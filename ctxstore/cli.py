@@ -2,7 +2,7 @@
 
 ```
 ctxstore demo                           several pods share sessions; a worker summarizes
-ctxstore worker [--burst] [--check]     run a summary worker (arq), or check that one is healthy
+ctxstore worker [--burst] [--check] [--metrics-port N]   run a summary worker, or check one
 ctxstore sessions [--tenant T]          a tenant's sessions, most recent first
 ctxstore status SESSION                 a session's counters, summary and jobs
 ctxstore view SESSION [--budget N]      the request view a model would get, and its stats
@@ -201,7 +201,8 @@ def _worker(settings: Settings, args: argparse.Namespace) -> int:
         ) from exc
     if args.check:
         return asyncio.run(_check_worker(settings, health_check_key(settings)))
-    build_worker(settings, burst=args.burst).run()
+    served = {} if args.metrics_port is None else {"metrics_port": args.metrics_port}
+    build_worker(settings, burst=args.burst, **served).run()
     return 0
 
 

@@ -152,6 +152,12 @@ class Settings(BaseSettings):
         log_level: The workers' and CLI's log level.
         log_format: ``text`` (one readable line per event) or ``json`` (one
             JSON object per line, for log shippers).
+        metrics: Record Prometheus metrics (:mod:`ctxstore.metrics`) when
+            ``prometheus_client`` is installed (the ``metrics`` extra; workers
+            always have it). On by default; ``false`` records nothing.
+        metrics_tenant_labels: Add a ``tenant`` label to the metrics that can
+            carry one: a series per tenant, so only for a bounded number of
+            tenants. Never a per-session label.
     """
 
     model_config = SettingsConfigDict(
@@ -224,6 +230,8 @@ class Settings(BaseSettings):
     encryption_active_key: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
+    metrics: bool = True
+    metrics_tenant_labels: bool = False
 
     def __init__(self, **values: Any) -> None:
         """Read the settings: the environment, overridden by ``values``.

@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING, Any
 from ctxstore import _keys
 from ctxstore._codec import Codec
 from ctxstore._connection import Connection, make_client
+from ctxstore._observe import Observer, observed, record_appends, record_view
 from ctxstore._scope import Scope
 from ctxstore._validate import check_model, check_usage
 from ctxstore.anchor import Viewer
 from ctxstore.budget import resolve_budget
 from ctxstore.encryption import Keyring
 from ctxstore.lease import Clock, Lease, LeaseKind, take_lease
+from ctxstore.metrics import metrics_from_settings
 from ctxstore.models import (
     AppendResult,
     HistoryPage,
@@ -49,6 +51,8 @@ from ctxstore.tokens import TiktokenCounter, TokenCounter
 from ctxstore.writes import Writer
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from ctxstore.summarizers import Summarizer
 
 __all__ = ["ContextStore", "SummaryDue"]
@@ -74,6 +78,10 @@ class ContextStore:
             worker queue's enqueue); the settings' queue by default.
         keyring: Seals message content at rest; from the settings'
             ``encryption_keys`` by default (none: stored in clear).
+        registry: The Prometheus registry its metrics go to
+            (``prometheus_client.REGISTRY`` by default); none are recorded
+            when ``settings.metrics`` is off or prometheus_client is missing
+            (:mod:`ctxstore.metrics`).
     """
 
     def __init__(
@@ -86,8 +94,10 @@ class ContextStore:
         clock: Clock | None = None,
         on_summary_due: SummaryDue | None = None,
         keyring: Keyring | None = None,
+        registry: CollectorRegistry | None = None,
         _connection: Connection | None = None,
         _handoff: Handoff | None = None,
+        _observer: Observer | None = None,
     ) -> None:
         self.settings = settings = settings or Settings()
         self.tenant = tenant = _keys.validate_id(tenant, "tenant")
@@ -106,6 +116,7 @@ class ContextStore:
         self._viewer = Viewer(scope)
         self._writer = Writer(scope, self._quotas, self._index, self._handoff)
         self._summaries = Summaries(scope, self._reader, self._handoff)
+        self._observer = _observer or Observer(metrics_from_settings(settings, registry), tenant)
 
     @classmethod
     def from_settings(
@@ -140,6 +151,7 @@ class ContextStore:
             keyring=self.keyring,
             _connection=self._connection,
             _handoff=self._handoff,
+            _observer=self._observer.for_tenant(tenant),
         )
 
     async def aclose(self) -> None:
@@ -187,6 +199,7 @@ class ContextStore:
         )
         return results[0]
 
+    @observed("append", record_appends)
     async def append_many(
         self,
         session: str,
@@ -220,6 +233,7 @@ class ContextStore:
         """
         return await take_lease(self._scope, session, kind=kind, ttl_s=ttl_s, wait_s=wait_s)
 
+    @observed("replace")
     async def replace(
         self,
         session: str,
@@ -240,12 +254,14 @@ class ContextStore:
         """
         return await self._writer.rewrite(session, messages, expected_seq=expected_seq, lease=lease)
 
+    @observed("clear")
     async def clear(
         self, session: str, *, expected_seq: int | None = None, lease: Lease | None = None
     ) -> WriteResult:
         """Drop every message (a reset), under the lease; the epoch is bumped."""
         return await self._writer.rewrite(session, [], expected_seq=expected_seq, lease=lease)
 
+    @observed("pop")
     async def pop(self, session: str) -> StoredMessage | None:
         """Take the newest message off the session and return it; ``None`` when it is empty.
 
@@ -269,6 +285,7 @@ class ContextStore:
         """
         await self._writer.set_ttl(session, seconds)
 
+    @observed("delete")
     async def delete(self, session: str) -> bool:
         """Delete a session and everything of it. True if it existed."""
         return await self._writer.delete(session)
@@ -300,6 +317,7 @@ class ContextStore:
         """One stored message by entry id (e.g. the full text of an offloaded result)."""
         return await self._reader.entry(session, entry_id)
 
+    @observed("view", record_view)
     async def view(
         self,
         session: str,
@@ -373,6 +391,7 @@ class ContextStore:
 
     # -- summaries -------------------------------------------------------------
 
+    @observed("summarize")
     async def summarize(self, session: str, summarizer: Summarizer) -> SummaryOutcome:
         """Bring the session's cached summary up to date: the job a worker runs.
 
@@ -380,7 +399,7 @@ class ContextStore:
             LeaseHeldError: Someone else holds the lease; try again later.
             SummarizerError: It failed (``SummarizerUnavailableError``: retry later).
         """
-        return await self._summaries.run(session, summarizer)
+        return await self._summaries.run(session, self._observer.summarizer(summarizer))
 
     async def request_summary(self, session: str, *, force: bool = False) -> int:
         """Flag the session for a summary; the generation to queue (0: none; ``force``: anyway)."""

@@ -33,6 +33,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from enum import StrEnum
 from typing import Any
 
@@ -41,17 +42,20 @@ from ctxstore._connection import Connection, make_client
 from ctxstore._scripts import SCRIPTS
 from ctxstore.errors import CtxstoreError, PermissionDeniedError
 from ctxstore.settings import Settings, sentinel_address
+from ctxstore.tracing import enqueue_span
 
 __all__ = [
     "JOB_FUNCTION",
     "LIVE",
     "QUEUE_BACKOFF_MS",
+    "TRACE_FIELD",
     "Handoff",
     "JobState",
     "SummaryDue",
     "SummaryQueue",
     "deserialize",
     "job_id",
+    "job_trace_context",
     "serialize",
 ]
 
@@ -62,6 +66,18 @@ JOB_FUNCTION = "summarize_session"
 
 JOB_EXPIRES_MS = 86_400_000
 """How long a queued job's key lasts (arq's default: a day)."""
+
+TRACE_FIELD = "tc"
+"""The job's field holding the enqueue's W3C trace context (``traceparent``...), when traced.
+
+Beside arq's own fields, not in its arguments: arq reads only ``f a k t
+et``, so a worker of an earlier version runs the job as before (an unknown
+keyword argument would fail it), and arq's log lines and results show the
+job's arguments only. :func:`deserialize` hands it to the job through
+:func:`job_trace_context`.
+"""
+
+_JOB_TRACE: ContextVar[dict[str, str] | None] = ContextVar("ctxstore_job_trace", default=None)
 
 
 class JobState(StrEnum):
@@ -90,8 +106,21 @@ def serialize(value: Any) -> bytes:
 
 
 def deserialize(data: bytes) -> Any:
-    """Arq's job deserializer: JSON."""
-    return json.loads(data)
+    """Arq's job deserializer: JSON; a job's trace context is kept for :func:`job_trace_context`."""
+    value = json.loads(data)
+    if isinstance(value, dict) and "f" in value:
+        carried = value.pop(TRACE_FIELD, None)
+        _JOB_TRACE.set(carried if isinstance(carried, dict) else None)
+    return value
+
+
+def job_trace_context() -> dict[str, str] | None:
+    """The trace context of the job this task deserialized last (``None``: not traced).
+
+    arq deserializes a job in the task that then starts the job's own task,
+    which inherits that task's context variables: the job reads its own.
+    """
+    return _JOB_TRACE.get()
 
 
 def job_id(settings: Settings, tenant: str, session: str, generation: int) -> str:
@@ -177,13 +206,23 @@ class SummaryQueue:
             StoreUnavailableError: The queue did not answer in time.
         """
         job = job_id(self.settings, tenant, session, generation)
-        now = int(time.time() * 1000)  # arq's own clock: the enqueuer's
-        payload = serialize(
-            {"t": None, "f": JOB_FUNCTION, "a": [tenant, session, generation], "k": {}, "et": now}
-        )
-        queued = await self.connection.script(
-            SCRIPTS.enqueue, self._keys(job), (job, payload, JOB_EXPIRES_MS, now), session=session
-        )
+        with enqueue_span(tenant, session, generation) as trace_context:
+            now = int(time.time() * 1000)  # arq's own clock: the enqueuer's
+            fields: dict[str, Any] = {
+                "t": None,
+                "f": JOB_FUNCTION,
+                "a": [tenant, session, generation],
+                "k": {},
+                "et": now,
+            }
+            if trace_context:
+                fields[TRACE_FIELD] = trace_context
+            queued = await self.connection.script(
+                SCRIPTS.enqueue,
+                self._keys(job),
+                (job, serialize(fields), JOB_EXPIRES_MS, now),
+                session=session,
+            )
         return int(queued) == 1
 
     async def status(self, tenant: str, session: str, generation: int) -> JobState:
@@ -222,6 +261,30 @@ class SummaryQueue:
         queue = self.settings.queue_name
         (count,) = await self.connection.transaction([("ZCARD", queue)], key=queue)
         return int(count)
+
+    async def oldest(self, limit: int) -> list[tuple[str, str, int]]:
+        """``(tenant, session, generation)`` of up to ``limit`` jobs, first to run first.
+
+        For the workers' lag sample; jobs whose key is gone (just ended) or
+        not a summary job are left out.
+        """
+        queue = self.settings.queue_name
+        (ids,) = await self.connection.transaction([("ZRANGE", queue, 0, limit - 1)], key=queue)
+        if not ids:
+            return []
+        jobs = await self.connection.transaction(
+            [("GET", f"arq:job:{text(job)}") for job in ids], key=queue
+        )
+        found = []
+        for raw in jobs:
+            if raw is None:
+                continue
+            try:
+                tenant, session, generation = deserialize(raw)["a"]
+                found.append((str(tenant), str(session), int(generation)))
+            except (ValueError, TypeError, KeyError):
+                continue  # not one of ours: nothing to sample
+        return found
 
     async def read(self, key: str) -> str | None:
         """A string key of the queue's Redis (a worker's health check)."""

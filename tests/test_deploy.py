@@ -1,20 +1,18 @@
 """The deployment files under deploy/: they parse, hang together, and match the code and docs.
 
-No Docker, no Kubernetes cluster, no network (the exporter is served once on
-a loopback port). The Secrets are not files of deploy/k8s/: they are what
-deploy/k8s-secrets.sh makes (run once per module; kubectl, when installed,
-only renders them client-side), and a private Redis 7 loads the ACL file it
-wrote. Settings are built from the files' variables the way a container
-reads them (its environment), with every other ``CTXSTORE_*`` variable of the
-test run removed.
+No Docker, no Kubernetes cluster, no Prometheus, no network. The Secrets
+are not files of deploy/k8s/: they are what deploy/k8s-secrets.sh makes
+(run once per module; kubectl, when installed, only renders them
+client-side), and a private Redis 7 loads the ACL file it wrote. Settings
+are built from the files' variables the way a container reads them (its
+environment), with every other ``CTXSTORE_*`` variable of the test run
+removed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -22,26 +20,26 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
-from urllib.request import urlopen
 
 import pytest
 import yaml
 from arq.connections import RedisSettings
+from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 from servers import ServerPool, redis7_binary
 
 from ctxstore import Settings
+from ctxstore._cli_args import parser as cli_parser
 from ctxstore.acl import POD_USER, WORKER_USER
+from ctxstore.metrics import Metrics
 from workers import worker_options
+from workers.worker import MAX_JOBS
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -247,15 +245,22 @@ def directives(conf: str) -> dict[str, str]:
     return found
 
 
-def exporter() -> ModuleType:
-    """deploy/queue_depth_exporter.py, imported (it serves nothing on import)."""
-    spec = importlib.util.spec_from_file_location(
-        "queue_depth_exporter", DEPLOY / "queue_depth_exporter.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def metric_names() -> dict[str, set[str]]:
+    """Each metric ctxstore defines -> the series names Prometheus stores for it."""
+    registry = CollectorRegistry()
+    Metrics(registry)
+    names: dict[str, set[str]] = {}
+    for family in registry.collect():
+        suffixes = {
+            "counter": ["_total"],
+            "gauge": [""],
+            "histogram": ["_bucket", "_count", "_sum"],
+        }[family.type]
+        names[family.name] = {family.name + suffix for suffix in suffixes}
+    return names
+
+
+METRIC = re.compile(r"\bctxstore_[a-z0-9_]+")
 
 
 def dockerfile_final_stage() -> list[str]:
@@ -334,7 +339,7 @@ def test_every_secret_configmap_and_image_is_defined_or_documented() -> None:
             keys = {k.rstrip("?") for k in secrets[name]}
             assert key is None or key in keys, (workload, name, key)
             assert key is None or f"{key}?" not in secrets[name], "a key read by name is optional"
-    assert seen >= 8
+    assert seen >= 7  # the worker's, Redis's and the example agent's
     for name in configmaps:
         manifest("ConfigMap", name)  # a documented ConfigMap is defined, once
     used = dict(images())
@@ -390,7 +395,7 @@ def test_every_pod_runs_non_root_on_a_read_only_root() -> None:
 def test_worker_probes_run_the_health_check() -> None:
     """The worker's startup, readiness and liveness probes run `ctxstore worker --check`."""
     worker = container("ctxstore-worker")
-    assert worker["args"] == ["worker"]
+    assert worker["args"][0] == "worker"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert worker[probe]["exec"]["command"] == CHECK, probe
         # A probe starts a Python process: about a second; the default timeout is 1 s.
@@ -451,7 +456,6 @@ def test_every_ctxstore_variable_is_a_setting() -> None:
     ("workload", "user"),
     [
         ("ctxstore-worker", WORKER_USER),
-        ("ctxstore-queue-depth", POD_USER),
         ("example-agent", POD_USER),
     ],
 )
@@ -661,79 +665,145 @@ async def test_generated_acl_lets_each_secrets_user_in_with_its_rights(
 # Autoscaling
 
 
-def test_scaled_object_scales_the_worker_on_the_exporter() -> None:
-    """The ScaledObject scales the worker Deployment on the exporter's /depth, min 1 (the sweep)."""
+def prometheus_triggers() -> dict[str, dict[str, str]]:
+    """The ScaledObject's triggers by name: each a ``prometheus`` trigger's metadata."""
+    scaled = manifest("ScaledObject", "ctxstore-worker")["spec"]
+    found = {}
+    for trigger in scaled["triggers"]:
+        assert trigger["type"] == "prometheus", trigger
+        assert trigger["metricType"] == "AverageValue", trigger
+        metadata = trigger["metadata"]
+        assert all(isinstance(v, str) for v in metadata.values()), "KEDA's metadata is strings"
+        found[trigger["name"]] = metadata
+    return found
+
+
+def test_scaled_object_scales_the_worker_on_prometheus() -> None:
+    """The ScaledObject scales the worker Deployment on Prometheus, min 1 (the sweep)."""
     scaled = manifest("ScaledObject", "ctxstore-worker")["spec"]
     assert scaled["scaleTargetRef"]["name"] == "ctxstore-worker"
     manifest("Deployment", scaled["scaleTargetRef"]["name"])
     assert scaled["minReplicaCount"] >= 1
     assert scaled["maxReplicaCount"] > scaled["minReplicaCount"]
-    (trigger,) = scaled["triggers"]
-    assert trigger["type"] == "metrics-api"
-    assert all(isinstance(v, str) for v in trigger["metadata"].values())
-    url = urlsplit(trigger["metadata"]["url"])
-    service_name, namespace = (url.hostname or "").split(".")[:2]
-    service = manifest("Service", service_name)
-    assert namespace == NAMESPACE
-    assert url.port == service["spec"]["ports"][0]["port"]
-    assert url.path == "/depth"
-    module = exporter()
-    location = trigger["metadata"]["valueLocation"]
-    assert location == module.VALUE_LOCATION
-    assert json.loads(module.body(7))[location] == 7
+    assert set(prometheus_triggers()) == {"queue-depth", "summary-lag"}
+    for metadata in prometheus_triggers().values():
+        address = urlsplit(metadata["serverAddress"])
+        assert address.scheme in ("http", "https") and address.hostname, metadata
+        assert metadata["ignoreNullValues"] == "true"
 
 
-def test_exporter_answers_healthz_while_a_depth_request_is_slow(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("trigger", "metric"),
+    [
+        ("queue-depth", "ctxstore_summary_queue_depth"),
+        ("summary-lag", "ctxstore_summary_lag_tokens_max"),
+    ],
+)
+def test_each_trigger_takes_the_max_of_a_gauge_every_worker_reports(
+    trigger: str, metric: str
 ) -> None:
-    """A thread per request: /healthz answers at once while /depth waits on Redis."""
-    module = exporter()
-    release = threading.Event()
+    """A trigger's query is the max across workers (each reports the whole queue) of one gauge."""
+    query = prometheus_triggers()[trigger]["query"]
+    match = re.fullmatch(r"max\((ctxstore_[a-z0-9_]+)\{namespace=\"([a-z0-9-]+)\"\}\)", query)
+    assert match is not None, f"not max(<gauge>{{namespace=...}}): {query}"
+    assert match.group(1) == metric
+    assert match.group(2) == NAMESPACE
+    registry = CollectorRegistry()
+    Metrics(registry)
+    types = {family.name: family.type for family in registry.collect()}
+    assert types[metric] == "gauge"
 
-    async def slow_depth(settings: Settings) -> int:
-        await asyncio.to_thread(release.wait, 10)
-        return 7
 
-    monkeypatch.setattr(module, "read_depth", slow_depth)
-    server = module.make_server(Settings(), "127.0.0.1", 0)
-    serving = threading.Thread(target=server.serve_forever, daemon=True)
-    serving.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    depth: list[bytes] = []
-    asking = threading.Thread(
-        target=lambda: depth.append(urlopen(f"{base}/depth", timeout=10).read())
+def test_queue_depth_target_is_the_jobs_one_worker_runs() -> None:
+    """Depth: one worker per MAX_JOBS jobs, the jobs a worker runs at once."""
+    assert int(prometheus_triggers()["queue-depth"]["threshold"]) == MAX_JOBS
+
+
+def test_lag_target_is_above_the_summary_trigger() -> None:
+    """Lag: the next sessions in line are at least the trigger behind; the target is well above."""
+    trigger = int(
+        manifest("ConfigMap", "ctxstore-settings")["data"]["CTXSTORE_SUMMARY_TRIGGER_TOKENS"]
     )
-    try:
-        asking.start()
-        time.sleep(0.2)  # /depth is in read_depth now
-        with urlopen(f"{base}/healthz", timeout=2) as answer:
-            assert answer.status == 200
-        assert not depth, "/depth was still waiting"
-        release.set()
-        asking.join(10)
-        assert depth and json.loads(depth[0]) == {module.VALUE_LOCATION: 7}
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
+    threshold = int(prometheus_triggers()["summary-lag"]["threshold"])
+    assert threshold >= 2 * trigger, "at the trigger, every queued session would add a worker"
 
 
-def test_exporter_liveness_probe_has_an_ordinary_timeout() -> None:
-    """/healthz is never queued behind /depth, so its probe needs no long timeout."""
-    exporter_container = container("ctxstore-queue-depth")
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert exporter_container[probe]["httpGet"]["path"] == "/healthz", probe
-    liveness = exporter_container["livenessProbe"]
-    assert liveness.get("timeoutSeconds", 1) <= 5
-    assert liveness.get("timeoutSeconds", 1) < liveness.get("periodSeconds", 10)
+def test_workers_serve_metrics_where_prometheus_scrapes() -> None:
+    """The worker runs --metrics-port N, declares port N, and its annotations scrape N /metrics."""
+    worker = container("ctxstore-worker")
+    args = cli_parser().parse_args(worker["args"])
+    assert args.command == "worker" and not args.burst and not args.check
+    (declared,) = [p for p in worker["ports"] if p["name"] == "metrics"]
+    assert declared["containerPort"] == args.metrics_port
+    annotations = manifest("Deployment", "ctxstore-worker")["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(args.metrics_port)
+    assert annotations["prometheus.io/path"] == "/metrics"
 
 
-def test_exporter_runs_the_script_the_image_ships() -> None:
-    """The exporter Deployment runs the script at the path the Dockerfile copies it to."""
-    command = container("ctxstore-queue-depth")["command"]
-    script = next(arg for arg in command if arg.endswith(".py"))
-    copies = [ln.split()[1:] for ln in dockerfile_final_stage() if ln.startswith("COPY ")]
-    assert ["deploy/queue_depth_exporter.py", script] in copies
+def test_the_example_agent_is_scraped_on_the_port_it_declares() -> None:
+    """The example agent pod's annotations name the metrics port its container declares."""
+    agent = manifest("Deployment", "example-agent")["spec"]["template"]
+    (declared,) = [p for p in container("example-agent")["ports"] if p["name"] == "metrics"]
+    assert agent["metadata"]["annotations"]["prometheus.io/port"] == str(declared["containerPort"])
+
+
+def test_nothing_names_the_removed_queue_depth_exporter() -> None:
+    """The hand-written exporter is gone: no file of deploy/ nor the README names it."""
+    for path in [ROOT / "README.md", *sorted(p for p in DEPLOY.rglob("*") if p.is_file())]:
+        text = path.read_text()
+        for name in ("queue_depth_exporter", "ctxstore-queue-depth", "metrics-api"):
+            assert name not in text, f"{path.relative_to(ROOT)} names {name}"
+
+
+# The dashboard
+
+
+DASHBOARD = DEPLOY / "grafana" / "ctxstore-dashboard.json"
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the dashboard's panels."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [t["expr"] for p in panels for t in p.get("targets", [])]
+
+
+def test_dashboard_queries_name_only_metrics_ctxstore_defines() -> None:
+    """Every series a panel reads is one ctxstore serves (no typo, no renamed metric)."""
+    served = set().union(*metric_names().values())
+    named = {name for expr in dashboard_queries() for name in METRIC.findall(expr)}
+    assert named and named <= served, named - served
+
+
+def test_dashboard_charts_every_metric() -> None:
+    """Each metric ctxstore defines is on at least one panel."""
+    text = " ".join(dashboard_queries())
+    missing = [
+        name for name, series in metric_names().items() if not series & set(METRIC.findall(text))
+    ]
+    assert not missing, missing
+
+
+def test_dashboard_panels_use_the_datasource_variable() -> None:
+    """Every panel and query reads the ``datasource`` variable; panel ids are unique."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    (variable,) = dashboard["templating"]["list"]
+    assert (variable["type"], variable["name"], variable["query"]) == (
+        "datasource",
+        "datasource",
+        "prometheus",
+    )
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel["targets"] and all(
+            t["datasource"]["uid"] == "${datasource}" for t in panel["targets"]
+        )
 
 
 # The image

@@ -706,7 +706,15 @@ async def test_session_calls_take_anything(
         assert isinstance(view, RequestView) and valid
         assert all(isinstance(m, dict) for m in view.messages)
         assert view.stats.history_messages == len(s.seeded)
-        assert await s.snapshot() == before  # a view writes nothing
+        # A view writes nothing but its anchor (where the view starts, kept so that
+        # every pod sends the same bytes): moved when the view would overflow.
+        after = await s.snapshot()
+        assert before is not None
+        anchor = fuzz_store.keys(s.id).anchor
+        assert {k: v for k, v in after[0].items() if k != anchor} == {
+            k: v for k, v in before[0].items() if k != anchor
+        }
+        assert after[1] == before[1]
     elif method == "clear":
         expected_seq = args[0]
         result = await s.call("clear", expected_seq=expected_seq, rewrite=True)

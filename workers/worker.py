@@ -10,17 +10,26 @@ It logs (:mod:`workers.logs`, at ``log_level``, as ``log_format``) its start,
 one line per job try (tenant, session, generation, outcome, entries covered,
 tokens in and out, duration), each sweep, and its stop (signal, jobs done);
 never a message, a summary, a key or a password.
+
+Its Prometheus metrics (:mod:`ctxstore.metrics`) count each job try by
+outcome, with its duration, entries and summarizer tokens; every
+``SAMPLE_SECONDS`` it samples the queue's depth and the summary lag of the
+sessions whose jobs are next in line. ``ctxstore worker --metrics-port N``
+serves them at ``/metrics``. Each job try is a span (:mod:`ctxstore.tracing`)
+linked to the enqueue that queued it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 import signal
 import time
 from collections import Counter
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import arq.worker
 from arq import Retry, Worker, cron, func
@@ -39,9 +48,17 @@ from ctxstore import (
     SummaryOutcome,
     SummaryStatus,
 )
+from ctxstore.metrics import Metrics, MetricsServer, metrics_from_settings, serve
 from ctxstore.settings import sentinel_address
 from ctxstore.summarizers import Summarizer, summarizer_from_settings
-from ctxstore.summary_queue import JOB_FUNCTION, SummaryQueue, deserialize, serialize
+from ctxstore.summary_queue import (
+    JOB_FUNCTION,
+    SummaryQueue,
+    deserialize,
+    job_trace_context,
+    serialize,
+)
+from ctxstore.tracing import job_span
 from workers.logs import configure, error_text, mark_logged, redacted
 from workers.sweep import sweep
 
@@ -49,16 +66,22 @@ __all__ = [
     "HEALTH_CHECK_INTERVAL",
     "MAX_JOBS",
     "MAX_TRIES",
+    "SAMPLED_JOBS",
+    "SAMPLE_SECONDS",
     "SummaryWorker",
     "build_worker",
     "close_sentinels",
     "health_check_key",
     "queue_redis_settings",
     "retry_delay",
+    "sample",
     "summarize_session",
     "sweep_sessions",
     "worker_options",
 ]
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("ctxstore.worker")
 
@@ -70,6 +93,10 @@ STARTUP_CONN_RETRIES = 5
 """A starting worker tries its queue's Redis this many more times, a second apart."""
 MAX_JOBS = 16
 """Jobs one worker runs at once."""
+SAMPLE_SECONDS = 15.0
+"""Seconds between two samples of the queue's depth and the summary lag."""
+SAMPLED_JOBS = 10
+"""The lag sample: the sessions of this many jobs, the next to run."""
 
 _RETRY = "retried"
 """The tally's count of tries that ended in a retry (next to the SummaryStatus counts)."""
@@ -123,10 +150,17 @@ def retry_delay(job_try: int, retry_after: float | None = None) -> float:
 
 
 async def startup(ctx: dict[str, Any]) -> None:
-    """Open the store connections, the queue, and the summarizer."""
+    """Open the store connections, the queue, the summarizer, and the metrics' server."""
     settings: Settings = ctx["settings"]
-    ctx["base"] = ContextStore.from_settings(settings)
+    ctx["metrics"] = metrics_from_settings(settings, ctx.get("registry"))
+    ctx["base"] = ContextStore.from_settings(settings, registry=ctx.get("registry"))
     ctx["queue"] = await SummaryQueue.connect(settings)
+    port = ctx.get("metrics_port")
+    if port is not None:
+        ctx["metrics_server"] = serve(port, registry=ctx.get("registry"))
+    if ctx["metrics"] is not None:
+        await sample(ctx)
+        ctx["sampler"] = asyncio.create_task(_sample_every(ctx, ctx["sample_seconds"]))
     if ctx.get("summarizer") is None:
         ctx["summarizer"] = summarizer_from_settings(settings)
     summarizer = ctx["summarizer"]
@@ -149,8 +183,53 @@ async def startup(ctx: dict[str, Any]) -> None:
             "model": summarizer.name,
             "max_jobs": MAX_JOBS,
             "burst": ctx.get("burst", False),
+            "metrics_port": _served_port(ctx),
         },
     )
+
+
+def _served_port(ctx: dict[str, Any]) -> int | None:
+    server: MetricsServer | None = ctx.get("metrics_server")
+    return server.port if server is not None else None
+
+
+async def sample(ctx: dict[str, Any]) -> None:
+    """Sample the queue's depth and the lag of the sessions next in line, into the metrics.
+
+    The lag is a session's tokens past its summary, read for the sessions of
+    the ``SAMPLED_JOBS`` jobs that run next: the metrics never carry a
+    session id (the gauge of the largest carries a tenant only when
+    ``metrics_tenant_labels`` is on). A sample that fails is logged and
+    skipped: the worker's jobs matter more than its numbers.
+    """
+    metrics: Metrics | None = ctx.get("metrics")
+    if metrics is None:
+        return
+    queue: SummaryQueue = ctx["queue"]
+    try:
+        depth = await queue.depth()
+        lags = []
+        for tenant, session, _ in await queue.oldest(SAMPLED_JOBS):
+            info = await store_for(ctx, tenant).info(session, pins=False)
+            if info.exists:
+                lags.append((tenant, info.tokens_unsummarized))
+    except CtxstoreError as exc:
+        log.warning(
+            "metrics sample skipped: %s",
+            type(exc).__name__,
+            extra={"event": "sample_skip", "error": type(exc).__name__, "detail": error_text(exc)},
+        )
+        return
+    metrics.record_sample(depth, lags)
+
+
+async def _sample_every(ctx: dict[str, Any], seconds: float) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await sample(ctx)
+        except Exception:  # a bug here must not end the sampling (nor the worker)
+            log.exception("metrics sample failed", extra={"event": "sample_skip"})
 
 
 def _summarizer_kind(summarizer: Summarizer) -> str:
@@ -168,9 +247,18 @@ async def shutdown(ctx: dict[str, Any]) -> None:
     arq closes its pool after this, but not the connections a Sentinel-found
     pool keeps to the sentinels.
     """
+    sampler: asyncio.Task[None] | None = ctx.pop("sampler", None)
+    if sampler is not None:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        await sample(ctx)  # the depth as the worker leaves it (a burst's: 0)
     await ctx["queue"].aclose()
     await ctx["base"].aclose()
     await close_sentinels(ctx["redis"])
+    server: MetricsServer | None = ctx.pop("metrics_server", None)
+    if server is not None:
+        server.close()
     settings: Settings = ctx["settings"]
     tally: Counter[str] = ctx["tally"]
     why = ctx.get("stop_signal") or ("queue empty (burst)" if ctx.get("burst") else "closed")
@@ -207,8 +295,18 @@ async def summarize_session(
     limited, overloaded or down, or while another worker or a writer holds
     the session's lease; a summarizer error that a retry cannot fix fails
     the job (and is recorded on the session, whose views keep truncating).
-    Each try logs one line: its outcome, or its error and what happens next.
+    Each try logs one line: its outcome, or its error and what happens next;
+    and is one span, linked to the enqueue's span whose context the job
+    carries (``ctxstore.summary_queue.job_trace_context``).
     """
+    trace = job_trace_context()
+    with job_span(tenant, session, generation, trace, int(ctx.get("job_try", 1))):
+        return await _summarize(ctx, tenant, session, generation)
+
+
+async def _summarize(
+    ctx: dict[str, Any], tenant: str, session: str, generation: int
+) -> dict[str, Any]:
     store = store_for(ctx, tenant)
     job = _JobLog(ctx, tenant, session, generation)
     log.debug("job started", extra=job.fields("started"))
@@ -239,6 +337,8 @@ class _JobLog:
 
     def __init__(self, ctx: dict[str, Any], tenant: str, session: str, generation: int) -> None:
         self.tally: Counter[str] = ctx["tally"]
+        self.metrics: Metrics | None = ctx.get("metrics")
+        self.model: str = getattr(ctx.get("summarizer"), "name", "")
         self.tenant = tenant
         self.session = session
         self.generation = generation
@@ -260,6 +360,10 @@ class _JobLog:
     def done(self, outcome: SummaryOutcome) -> None:
         """The job ended: committed, idle, stale or lease_lost."""
         self.tally[outcome.status.value] += 1
+        if self.metrics is not None:
+            self.metrics.record_job(
+                self.tenant, outcome.status.value, outcome.seconds, outcome, self.model
+            )
         log.info(
             "job %s: %s/%s, %d entries",
             outcome.status.value,
@@ -281,6 +385,7 @@ class _JobLog:
     def retrying(self, exc: CtxstoreError, delay: float, level: int) -> None:
         """This try failed; arq runs the job again in ``delay`` seconds."""
         self.tally[_RETRY] += 1
+        self._record(_RETRY)
         log.log(
             level,
             "job retry: %s/%s, %s; retrying in %.1f s (try %d of %d)",
@@ -302,6 +407,7 @@ class _JobLog:
         arguments). Anything else is a bug, and keeps its traceback.
         """
         self.tally[SummaryStatus.FAILED.value] += 1
+        self._record(SummaryStatus.FAILED.value)
         bug = not isinstance(exc, CtxstoreError)
         log.error(
             "job failed: %s/%s, %s; not retried",
@@ -312,6 +418,10 @@ class _JobLog:
             extra=self._failure("failed", exc, retry=False),
         )
         mark_logged(exc)
+
+    def _record(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.record_job(self.tenant, outcome, time.monotonic() - self.started)
 
     def _failure(self, outcome: str, exc: Exception, **more: Any) -> dict[str, Any]:
         # Nothing was covered; what was sent before the failure is not known here.
@@ -341,6 +451,9 @@ def worker_options(
     burst: bool = False,
     job_timeout: float | None = None,
     keep_result: float = 0,
+    metrics_port: int | None = None,
+    registry: CollectorRegistry | None = None,
+    sample_seconds: float = SAMPLE_SECONDS,
 ) -> dict[str, Any]:
     """The keyword arguments of the arq ``Worker`` for these settings.
 
@@ -354,6 +467,12 @@ def worker_options(
         keep_result: Seconds arq keeps a job's result. None by default: the
             outcome is on the session (``ctxstore status``), and a kept result
             names its tenant and session after ``forget_tenant``.
+        metrics_port: Serve ``/metrics`` on this port (0: a free one) while
+            the worker runs; ``None``: not served.
+        registry: Where the metrics go (``prometheus_client.REGISTRY`` by
+            default: with the process's own).
+        sample_seconds: Seconds between two samples of the queue's depth
+            and lag (one at start and one at stop, too).
     """
     timeout = job_timeout if job_timeout is not None else settings.summary_timeout * 4 + 30
     return {
@@ -383,7 +502,15 @@ def worker_options(
         "queue_name": settings.queue_name,
         "on_startup": startup,
         "on_shutdown": shutdown,
-        "ctx": {"settings": settings, "summarizer": summarizer, "burst": burst, "tally": Counter()},
+        "ctx": {
+            "settings": settings,
+            "summarizer": summarizer,
+            "burst": burst,
+            "tally": Counter(),
+            "metrics_port": metrics_port,
+            "registry": registry,
+            "sample_seconds": sample_seconds,
+        },
         "burst": burst,
         "handle_signals": not burst,
         "poll_delay": 0.1 if burst else 0.5,
