@@ -46,6 +46,7 @@ check: lint typecheck test
 bench: $(STAMP)
 	$(BIN)/python -m bench.bench
 	$(BIN)/python -m bench.metrics_bench
+	$(BIN)/python -m bench.turns
 
 eval: $(STAMP)
 	$(BIN)/python -m bench.eval
