@@ -6,6 +6,7 @@ model, so no network is needed.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -388,3 +389,34 @@ async def test_from_url_opens_and_closes_a_store_of_its_own(
     ) as history:
         await history.aadd_messages([HumanMessage("hi")])
         assert await history.aget_messages() == [HumanMessage("hi")]
+
+
+@pytest.mark.parametrize("mutation", ["add", "clear"])
+async def test_a_cancelled_write_is_settled_before_the_cancellation(
+    history: CtxstoreChatMessageHistory, monkeypatch: pytest.MonkeyPatch, mutation: str
+) -> None:
+    """Cancelling aadd_messages or aclear waits for the write's outcome, then raises."""
+    first = [HumanMessage("one", id="m1"), AIMessage("two", id="m2")]
+    await history.aadd_messages(first)
+    started, release = asyncio.Event(), asyncio.Event()
+    name = {"add": "append_many", "clear": "clear"}[mutation]
+    original = getattr(history.store, name)
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        await release.wait()
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(history.store, name, held)
+    later = HumanMessage("three", id="m3")
+    call = (lambda: history.aadd_messages([later])) if mutation == "add" else history.aclear
+    task = asyncio.create_task(call())
+    await started.wait()
+    task.cancel()
+    await asyncio.sleep(0)  # the cancellation is delivered while the write is held
+    assert not task.done()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    expected = [*first, later] if mutation == "add" else []
+    assert await history.aget_messages() == expected

@@ -74,6 +74,7 @@ from langchain_core.messages import (
 )
 
 from ctxstore.errors import BudgetExceededError, CorruptEntryError, InvalidMessageError
+from ctxstore.integrations._settle import settled
 from ctxstore.store import ContextStore
 
 __all__ = ["LANGCHAIN_KEY", "CtxstoreChatMessageHistory"]
@@ -151,11 +152,13 @@ class CtxstoreChatMessageHistory(BaseChatMessageHistory):  # type: ignore[misc]
                 was written.
             QuotaExceededError: The write would pass one of the tenant's quotas.
         """
-        await self.store.append_many(self.session_id, self._encoded(messages))
+        # Settled: a cancelled caller's batch still lands whole or not at all, and
+        # the cancellation is raised after (as the OpenAI Agents session does).
+        await settled(self.store.append_many(self.session_id, self._encoded(messages)))
 
     async def aclear(self) -> None:
         """Drop every message of the session (under its lease; the epoch is bumped)."""
-        await self.store.clear(self.session_id)
+        await settled(self.store.clear(self.session_id))
 
     async def aget_view(
         self, token_budget: int | None = None, *, model: str | None = None

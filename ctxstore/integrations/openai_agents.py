@@ -23,15 +23,14 @@ Needs the ``openai-agents`` extra (the SDK's ``SessionSettings``: 0.8 or later).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from agents import TResponseInputItem
 from agents.memory import SessionSettings
 
 from ctxstore.errors import BudgetExceededError, InvalidInputError
+from ctxstore.integrations._settle import settled as _settled
 from ctxstore.store import ContextStore
 
 __all__ = ["CtxstoreSession"]
@@ -199,25 +198,3 @@ def _settings_from_dict(given: dict[str, Any]) -> SessionSettings:
     if unknown:
         raise InvalidInputError(f"unknown session settings: {', '.join(unknown)}")
     return SessionSettings(**given)
-
-
-async def _settled(write: Awaitable[_T]) -> _T:
-    """Wait for a write's outcome even when the caller is cancelled meanwhile.
-
-    A write cancelled in flight may still reach Redis after its caller has
-    moved on: a retried ``add_items`` could then land twice, or a clear land
-    after the next turn's items. So the write runs to its end, and the
-    cancellation is raised once it has, as the SDK's own sessions do.
-    """
-    task = asyncio.ensure_future(write)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError as exc:
-            cancelled = cancelled or exc
-    if cancelled is not None:
-        if not task.cancelled():
-            task.exception()  # retrieved: the cancellation is what the caller gets
-        raise cancelled
-    return task.result()
