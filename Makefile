@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.bench
 	$(BIN)/python -m bench.metrics_bench
 	$(BIN)/python -m bench.turns
+	$(BIN)/python -m bench.search_bench
 
 eval: $(STAMP)
 	$(BIN)/python -m bench.eval

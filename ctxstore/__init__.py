@@ -64,6 +64,8 @@ if TYPE_CHECKING:
         ViewStats,
         WriteResult,
     )
+    from ctxstore.recall import RecallTools
+    from ctxstore.search import SearchHit
     from ctxstore.settings import Settings
     from ctxstore.store import ContextStore
     from ctxstore.summarizers import (
@@ -107,7 +109,9 @@ _EXPORTS = {
     "PermissionDeniedError": "ctxstore.errors",
     "QuotaExceededError": "ctxstore.errors",
     "ReplicationError": "ctxstore.errors",
+    "RecallTools": "ctxstore.recall",
     "RequestView": "ctxstore.models",
+    "SearchHit": "ctxstore.search",
     "SessionInfo": "ctxstore.models",
     "SessionNotFoundError": "ctxstore.errors",
     "SessionSummary": "ctxstore.models",
@@ -160,8 +164,10 @@ __all__ = [
     "MessageTooLargeError",
     "PermissionDeniedError",
     "QuotaExceededError",
+    "RecallTools",
     "ReplicationError",
     "RequestView",
+    "SearchHit",
     "SessionInfo",
     "SessionNotFoundError",
     "SessionSummary",

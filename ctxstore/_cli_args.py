@@ -308,6 +308,31 @@ def _read_parsers(commands: Any) -> None:
     )
     _json_flag(view, "keys: tenant, session, stats (every ViewStats field), messages")
 
+    search = _command(
+        commands,
+        "search",
+        "search a session's whole history",
+        "The entries of the session's whole history that best match the words (BM25 over "
+        "text, tool\narguments and tool results), best first, with a snippet each. Entries "
+        "appended since the\nindex was last updated are indexed first.",
+        [
+            'ctxstore search conv-42 "staging database port"',
+            'ctxstore search conv-42 "nginx.conf" --tenant acme --limit 3',
+            'ctxstore search conv-42 "deploy key" --json',
+        ],
+    )
+    search.add_argument("session", help="the session id (e.g. conv-42)")
+    search.add_argument("query", help="the words to look for (quote them)")
+    _tenant_flag(search)
+    search.add_argument(
+        "--limit",
+        type=_positive("results", lambda: 100),
+        default=10,
+        metavar="N",
+        help="show at most N results, 1 to 100 (default 10)",
+    )
+    _json_flag(search, "keys: tenant, session, query, hits[]: entry_id, role, score, snippet")
+
 
 def _limits_parser(commands: Any) -> None:
     limits = _command(

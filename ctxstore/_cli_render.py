@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from ctxstore.models import RequestView, SessionInfo, ViewStats
+from ctxstore.search import SearchHit
 
 __all__ = [
     "JOB_WORDS",
@@ -39,6 +40,7 @@ __all__ = [
     "show",
     "show_forget_plan",
     "show_limits",
+    "show_search",
     "show_sessions",
     "show_status",
     "show_sweep",
@@ -357,6 +359,38 @@ def show_view(
         role = str(message.get("role") or message.get("type") or "?")
         listed.add_row(str(number), role, _preview(message))
     show(table, listed)
+
+
+def show_search(
+    tenant: str, session: str, query: str, hits: Sequence[SearchHit], *, as_json: bool
+) -> None:
+    """``ctxstore search``: one row per match, best first."""
+    if as_json:
+        emit_json(
+            {
+                "tenant": tenant,
+                "session": session,
+                "query": query,
+                "hits": [
+                    {"entry_id": h.entry_id, "role": h.role, "score": h.score, "snippet": h.snippet}
+                    for h in hits
+                ],
+            }
+        )
+        return
+    title = f"{len(hits)} matches for {query!r} in session {session!r} of tenant {tenant!r}"
+    table = _table(title, "#", "entry", "when", "role", "score", "snippet", right=("#", "score"))
+    table.columns[-1].no_wrap = False
+    for number, hit in enumerate(hits, 1):
+        table.add_row(
+            str(number),
+            hit.entry_id,
+            when(entry_time(hit.entry_id)),
+            hit.role,
+            f"{hit.score:.2f}",
+            hit.snippet,
+        )
+    show(table)
 
 
 # -- limits --------------------------------------------------------------------

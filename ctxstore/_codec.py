@@ -420,12 +420,17 @@ class Codec:
         return value, self.seal(session, body.encode()) if body is not None else b""
 
 
+RECALL_HINT = "(These turns are stored in full: the search_history tool finds them.)"
+"""Said after every summary: the recall tools (:mod:`ctxstore.recall`) reach what it condensed."""
+
+
 def summary_message(body: str, role: str) -> dict[str, Any]:
     """The summary as the view sends it, in ``<summary>`` tags (its tokens are counted on it).
 
-    The tags let the model tell the summary from user text.
+    The tags let the model tell the summary from user text; the line after
+    them names the tool that reaches the turns it condensed.
     """
-    return {"role": role, "content": "<summary>\n" + body + "\n</summary>"}
+    return {"role": role, "content": "<summary>\n" + body + "\n</summary>\n" + RECALL_HINT}
 
 
 def current_covers(
@@ -446,6 +451,7 @@ def summary_body(summary: SummaryText | None) -> str | None:
     if summary is None:
         return None
     body = str(summary.message["content"])
+    body = body.removesuffix("\n" + RECALL_HINT)
     return body.removeprefix("<summary>\n").removesuffix("\n</summary>")
 
 

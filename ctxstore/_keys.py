@@ -74,6 +74,7 @@ class SessionKeys:
         idem_old: The previous generation of ``idem``.
         keep: Hash: entry id -> kind of the messages every view must send.
         anchor: Hash: where the view starts, per budget (and the summary it sends).
+        index: Hash: the history's search index (:mod:`ctxstore.search`).
         gone: String: a deleted session's tombstone (its next epoch and sequence).
     """
 
@@ -85,6 +86,7 @@ class SessionKeys:
     idem_old: str
     keep: str
     anchor: str
+    index: str
     gone: str
 
     def all(self) -> tuple[str, ...]:
@@ -98,6 +100,7 @@ class SessionKeys:
             self.idem_old,
             self.keep,
             self.anchor,
+            self.index,
             self.gone,
         )
 
@@ -115,6 +118,7 @@ def session_keys(prefix: str, tenant: str, session: str) -> SessionKeys:
         idem_old=base + "idem:old",
         keep=base + "keep",
         anchor=base + "anchor",
+        index=base + "index",
         gone=base + "gone",
     )
 

@@ -36,6 +36,7 @@ NAMES = (
     "ratio",
     "reserve",
     "rewrite",
+    "search_index",
     "set_ttl",
     "summary_commit",
     "summary_request",
@@ -109,6 +110,7 @@ class _Scripts:
     ratio: Script
     reserve: Script
     rewrite: Script
+    search_index: Script
     set_ttl: Script
     summary_commit: Script
     summary_request: Script

@@ -18,6 +18,8 @@ Config keys:
         ignore the first ``set_messages`` (the host's filtered transcript would
         lose system messages); True by default, as seed 000 asks of
         persistent context managers.
+    recall_tools: Also mount the recall tools (search the whole history,
+        read an entry in full, pin; :mod:`ctxstore.recall`); True by default.
 
 Compaction is a view: the history is never changed by it. When a view drops,
 summarizes or offloads anything, ``context:pre_compact`` and
@@ -34,10 +36,11 @@ from typing import Any
 from ctxstore.budget import MAX_BUDGET, Budget, resolve_budget
 from ctxstore.errors import BudgetExceededError, ConfigurationError, InvalidInputError
 from ctxstore.models import RequestView
+from ctxstore.recall import TOOL_NAMES, RecallTools
 from ctxstore.settings import Settings
 from ctxstore.store import ContextStore
 
-__all__ = ["StoreContextManager", "mount"]
+__all__ = ["RecallTool", "StoreContextManager", "mount"]
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +191,11 @@ class StoreContextManager:
         self._ignore_next_set = False
         await self.store.clear(self.session_id)
 
+    def recall_tools(self, names: tuple[str, ...] = TOOL_NAMES) -> list[RecallTool]:
+        """The recall tools over this session, as Amplifier tools (to mount as ``tools``)."""
+        recall = RecallTools(self.store, self.session_id, names=names)
+        return [RecallTool(recall, name) for name in recall.names]
+
     async def _emit(self, event: str, data: dict[str, Any]) -> None:
         if self._hooks is None:
             return
@@ -195,6 +203,30 @@ class StoreContextManager:
             await self._hooks.emit(event, data)
         except Exception:
             log.warning("hook for %s failed", event, exc_info=True)
+
+
+class RecallTool:
+    """One recall tool as Amplifier's ``Tool`` protocol: name, description, schema, execute.
+
+    Args:
+        recall: The executor over the session.
+        name: The tool's name (one of ``ctxstore.recall.TOOL_NAMES``).
+    """
+
+    def __init__(self, recall: RecallTools, name: str) -> None:
+        self._recall = recall
+        self.name = name
+        self.description = recall.description(name)
+        self.input_schema = recall.schema(name)
+
+    async def execute(self, input: dict[str, Any]) -> Any:
+        """Run the call; a refused one is a failed ``ToolResult`` naming the fault."""
+        from amplifier_core.models import ToolResult
+
+        outcome = await self._recall.execute(self.name, input)
+        if outcome.is_error:
+            return ToolResult(success=False, output=outcome.text, error={"message": outcome.text})
+        return ToolResult(success=True, output=outcome.text)
 
 
 async def mount(
@@ -209,9 +241,12 @@ async def mount(
     max_tokens = config.get("max_tokens")
     threshold = config.get("compaction_threshold", 0.92)
     keep_stored = config.get("keep_stored_on_resume", True)
+    with_tools = config.get("recall_tools", True)
     problem = _check_limits(max_tokens, threshold)
     if problem is None and not isinstance(keep_stored, bool):
         problem = f"keep_stored_on_resume must be true or false, not {keep_stored!r}"
+    if problem is None and not isinstance(with_tools, bool):
+        problem = f"recall_tools must be true or false, not {with_tools!r}"
     if problem is not None:
         raise ConfigurationError(f"invalid context-ctxstore config: {problem}")
     try:
@@ -231,6 +266,8 @@ async def mount(
             keep_stored_on_resume=existed and keep_stored,
         )
         await coordinator.mount("context", context, name="context-ctxstore")
+        for tool in context.recall_tools() if with_tools else ():
+            await coordinator.mount("tools", tool, name=tool.name)
         register = getattr(coordinator, "register_contributor", None)
         if register is not None:
             register("observability.events", "context-ctxstore", lambda: list(EVENTS))

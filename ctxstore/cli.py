@@ -6,6 +6,7 @@ ctxstore worker [--burst] [--check] [--metrics-port N]   run a summary worker, o
 ctxstore sessions [--tenant T]          a tenant's sessions, most recent first
 ctxstore status SESSION                 a session's counters, summary and jobs
 ctxstore view SESSION [--budget N]      the request view a model would get, and its stats
+ctxstore search SESSION QUERY           the best matches in a session's whole history
 ctxstore limits [--sessions N] [--unset NAME]   the limits in force; set or unset one
 ctxstore forget --tenant T --dry-run|--yes      delete every session of a tenant
 ctxstore sweep                          queue the summaries whose job was lost or failed
@@ -302,6 +303,18 @@ async def _view(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _search(settings: Settings, args: argparse.Namespace) -> int:
+    from ctxstore._cli_render import show_search
+
+    async with _store(settings, args.tenant) as store:
+        info = await store.info(args.session, pins=False)
+        if not info.exists:
+            return _no_session(info)
+        hits = await store.search(args.session, args.query, limit=args.limit)
+    show_search(info.tenant, args.session, args.query, hits, as_json=args.json)
+    return 0
+
+
 async def _sweep(settings: Settings, args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -484,13 +497,16 @@ _COMMANDS = {
     "forget": _forget,
     "functions": _functions,
     "limits": _limits,
+    "search": _search,
     "sessions": _sessions,
     "status": _status,
     "sweep": _sweep,
     "view": _view,
 }
 
-_CONNECTING = frozenset({"forget", "limits", "sessions", "status", "sweep", "view", "worker"})
+_CONNECTING = frozenset(
+    {"forget", "limits", "search", "sessions", "status", "sweep", "view", "worker"}
+)
 """Commands that connect to the store's Redis (``functions load`` too)."""
 
 

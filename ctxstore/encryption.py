@@ -87,6 +87,15 @@ class Keyring:
         """A new random 32-byte key, base64 (for settings)."""
         return base64.b64encode(os.urandom(32)).decode()
 
+    def index_key(self, tenant: str) -> tuple[str, bytes]:
+        """The active key's id, and the key a tenant's search terms are hashed with.
+
+        Derived from the active master key (HKDF, ``info`` names the tenant
+        and the use), so the search index holds no term in clear and no two
+        tenants' hashes agree.
+        """
+        return self.active, _derived(self._keys[self.active], b"index:" + tenant.encode())
+
     def seal(self, tenant: str, session: str, plaintext: bytes) -> bytes:
         """Encrypt ``plaintext`` for one session of one tenant, with the active key."""
         key_id = self.active.encode()
@@ -133,10 +142,12 @@ class Keyring:
 @lru_cache(maxsize=4096)
 def _tenant_cipher(master: bytes, tenant: str) -> AESGCM:
     # HKDF costs ~10 us: once per (master key, tenant) and process.
-    key = HKDF(
-        algorithm=hashes.SHA256(), length=32, salt=b"ctxstore", info=b"tenant:" + tenant.encode()
-    ).derive(master)
-    return AESGCM(key)
+    return AESGCM(_derived(master, b"tenant:" + tenant.encode()))
+
+
+@lru_cache(maxsize=4096)
+def _derived(master: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"ctxstore", info=info).derive(master)
 
 
 def _aad(tenant: str, session: str) -> bytes:

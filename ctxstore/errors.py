@@ -63,6 +63,7 @@ class CtxstoreError(Exception):
     """The root of every error ctxstore raises.
 
     Attributes:
+        reason: What went wrong, without where (the message's first part).
         tenant: The tenant the error is about, when known.
         session: The session the error is about, when known.
         key: The Redis key the error is about, when known.
@@ -76,6 +77,7 @@ class CtxstoreError(Exception):
         session: str | None = None,
         key: str | None = None,
     ) -> None:
+        self.reason = message
         self.tenant = tenant
         self.session = session
         self.key = key

@@ -49,7 +49,7 @@ __all__ = [
     "serve",
 ]
 
-Operation = Literal["append", "view", "replace", "clear", "pop", "delete", "summarize"]
+Operation = Literal["append", "view", "replace", "clear", "pop", "delete", "summarize", "search"]
 """A facade call that is timed (``operation`` label)."""
 OPERATIONS: Final[tuple[Operation, ...]] = (
     "append",
@@ -59,6 +59,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     "pop",
     "delete",
     "summarize",
+    "search",
 )
 
 LATENCY_BUCKETS: Final = (

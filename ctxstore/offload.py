@@ -26,7 +26,8 @@ _MIN_KEEP = 16
 """Characters a shortened text keeps at each end, however many texts share the budget."""
 _NOTE = (
     "\n\n[ctxstore: " + _OMITTED + " of {total} tokens of this tool result are not shown. "
-    "The full result is entry " + ENTRY_PLACEHOLDER + " of this session's history.]\n\n"
+    "The full result is entry " + ENTRY_PLACEHOLDER + " of this session's history "
+    "(the read_entry tool returns it).]\n\n"
 )
 
 

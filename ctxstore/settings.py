@@ -99,6 +99,9 @@ class Settings(BaseSettings):
             views as a preview (head and tail) plus a retrieval note; the
             full text stays in the history. ``0`` never offloads.
         offload_preview_tokens: The size of such a preview.
+        search_index: The worker brings a session's search index up to date
+            after each summary job (searches then seldom index anything
+            themselves); off, each search indexes what it finds new.
         summary_trigger_tokens: A summary is due when this many tokens have
             been appended past the summary watermark; ``0`` turns background
             summaries off.
@@ -200,6 +203,7 @@ class Settings(BaseSettings):
     index_interval: Annotated[float, Field(ge=0)] = 1.0
     offload_threshold_tokens: Annotated[int, Field(ge=0)] = 1_000
     offload_preview_tokens: PositiveInt = 300
+    search_index: bool = True
     summary_trigger_tokens: Annotated[int, Field(ge=0)] = 32_000
     summary_keep_tokens: Annotated[int, Field(ge=0)] = 8_000
     summary_chunk_tokens: Annotated[int, Field(ge=1_000)] = 60_000

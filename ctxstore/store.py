@@ -43,6 +43,7 @@ from ctxstore.models import (
     WriteResult,
 )
 from ctxstore.reads import Reader
+from ctxstore.search import Searcher, SearchHit
 from ctxstore.settings import Settings
 from ctxstore.summary import Summaries
 from ctxstore.summary_queue import Handoff, SummaryDue
@@ -116,6 +117,7 @@ class ContextStore:
         self._viewer = Viewer(scope)
         self._writer = Writer(scope, self._quotas, self._index, self._handoff)
         self._summaries = Summaries(scope, self._reader, self._handoff)
+        self._searcher = Searcher(scope)
         self._observer = _observer or Observer(metrics_from_settings(settings, registry), tenant)
 
     @classmethod
@@ -388,6 +390,33 @@ class ContextStore:
     async def info(self, session: str, *, pins: bool = True) -> SessionInfo:
         """The session's counters, times, pins and summary state (``pins=False``: no pins)."""
         return await self._reader.info(session, pins=pins)
+
+    # -- search ----------------------------------------------------------------
+
+    @observed("search")
+    async def search(self, session: str, query: str, *, limit: int = 5) -> list[SearchHit]:
+        """The entries of the whole history that best match ``query`` (BM25), best first.
+
+        Text, tool arguments and tool results of every format are searched,
+        however long ago and whether or not a view still sends them. Whatever
+        was appended since the index was last brought up to date (the worker
+        does it after each summary) is indexed first. The cost follows the
+        query's matches, not the history's length (:mod:`ctxstore.search`).
+
+        Args:
+            session: The session id.
+            query: Words to look for (up to 2,000 characters); a query of
+                common words only finds nothing.
+            limit: The most results (1 to 100).
+
+        Raises:
+            InvalidInputError: The query is not a string or too long, or the limit is out of range.
+        """
+        return await self._searcher.search(session, query, limit)
+
+    async def index(self, session: str) -> int:
+        """Bring the session's search index up to date (the worker's step); the entries added."""
+        return await self._searcher.index(session)
 
     # -- summaries -------------------------------------------------------------
 

@@ -216,7 +216,7 @@ class Writer:
                 SCRIPTS.rewrite,
                 (
                     *(keys.log, keys.meta, keys.keep, keys.view, keys.lease, keys.gone),
-                    *(keys.anchor, keys.idem, keys.idem_old),
+                    *(keys.anchor, keys.idem, keys.idem_old, keys.index),
                 ),
                 (*args[:11], *reservation, self._scope.period_ms, *args[11:]),
                 session=session,
@@ -350,7 +350,7 @@ class Writer:
         check_int(seconds, "seconds", low=1, high=MAX_TTL_SECONDS, optional=True, session=session)
         found = await self._scope.connection.script(
             SCRIPTS.set_ttl,
-            (keys.log, keys.meta, keys.keep, keys.view, keys.anchor),
+            (keys.log, keys.meta, keys.keep, keys.view, keys.anchor, keys.index),
             (0 if seconds is None else seconds * 1000,),
             session=session,
         )

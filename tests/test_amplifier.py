@@ -359,3 +359,30 @@ def test_amplifier_core_validate_passes(redis_url: str) -> None:
 def test_settings_keys_exist() -> None:
     """Every config key the adapter maps to settings is a Settings field."""
     assert set(ctxstore.amplifier._SETTINGS_KEYS) <= set(Settings.model_fields)
+
+
+async def test_mount_hands_the_recall_tools_to_the_agent(tenant: str) -> None:
+    """The tools are mounted beside the context (unless recall_tools is false) and run."""
+    coordinator = MockCoordinator()
+    cleanup = await mount(coordinator, {"tenant": tenant, "session_id": "recall"})
+    try:
+        context = coordinator.mount_points["context"]
+        tools = coordinator.mount_points["tools"]
+        assert {"search_history", "read_entry", "pin_message", "unpin_message"} <= set(tools)
+        await context.add_message({"role": "user", "content": "The gate code is 4417."})
+        result = await tools["search_history"].execute({"query": "gate code"})
+        assert result.success and "4417" in result.output
+        entry_id = result.output.split("- entry ")[1].split(" ")[0]
+        read = await tools["read_entry"].execute({"entry_id": entry_id})
+        assert read.success and read.output.endswith("The gate code is 4417.")
+        refused = await tools["read_entry"].execute({"entry_id": 12})
+        assert not refused.success and refused.error == {"message": refused.output}
+        assert tools["read_entry"].input_schema["required"] == ["entry_id"]
+    finally:
+        await cleanup()
+    bare = MockCoordinator()
+    cleanup = await mount(bare, {"tenant": tenant, "recall_tools": False})
+    await cleanup()
+    assert "search_history" not in bare.mount_points["tools"]
+    with pytest.raises(ConfigurationError):
+        await mount(MockCoordinator(), {"tenant": tenant, "recall_tools": "yes"})

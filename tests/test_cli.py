@@ -328,6 +328,34 @@ async def test_view_table_and_json_agree_with_the_store(
         assert table_row(out, str(number))[1] == message["role"]
 
 
+async def test_search_table_and_json_agree_with_the_store(
+    store: ContextStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`search` lists the store's matches, best first; a missing session is exit status 1."""
+    await store.append_many("s", conversation(12))
+    planted = await store.append("s", {"role": "user", "content": "The kiln runs at 1,280 C."})
+    expected = await store.search("s", "kiln temperature", limit=3)
+    assert expected[0].entry_id == planted.entry_id
+
+    argv = ["search", "s", "kiln temperature", "--tenant", store.tenant, "--limit", "3"]
+    data = await run_json(argv, capsys)
+    assert data == {
+        "tenant": store.tenant,
+        "session": "s",
+        "query": "kiln temperature",
+        "hits": [asdict(hit) for hit in expected],
+    }
+    assert await _run(argv) == 0
+    out = capsys.readouterr().out
+    assert table_row(out, "1")[1:3] == [planted.entry_id, local_time(int(planted.entry_id[:13]))]
+    assert "The kiln runs at 1,280 C." in out
+    assert await _run(["search", "absent", "kiln", "--tenant", store.tenant]) == 1
+    assert "no session 'absent'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        await _run(["search", "s", "kiln", "--tenant", store.tenant, "--limit", "0"])
+    assert exited.value.code == 2
+
+
 async def test_budget_zero_is_refused_in_words(
     store: ContextStore, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -24,6 +24,7 @@ from ctxstore import (
     LocalSummarizer,
     Settings,
 )
+from ctxstore._codec import RECALL_HINT
 from ctxstore.encryption import MAGIC
 
 ALPHA = "PLANT-alpha-7781"
@@ -221,7 +222,8 @@ async def test_a_cached_summary_round_trips_encrypted(
     assert ALPHA in summary  # the summary holds content: it must be sealed like the rest
     # In Redis, the summary's text is sealed with k1, holds none of it in clear, and
     # opens (for this tenant and session) to exactly what the view sent.
-    body = summary.removeprefix("<summary>\n").removesuffix("\n</summary>")
+    body = summary.removesuffix("\n" + RECALL_HINT)
+    body = body.removeprefix("<summary>\n").removesuffix("\n</summary>")
     raw, narrative = await raw_redis.hmget(store.keys("s").view, "l1", "l2")
     assert raw is not None and narrative is not None
     assert {sealed_key_id(raw), sealed_key_id(narrative)} == {"k1"}

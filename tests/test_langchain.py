@@ -420,3 +420,24 @@ async def test_a_cancelled_write_is_settled_before_the_cancellation(
         await task
     expected = [*first, later] if mutation == "add" else []
     assert await history.aget_messages() == expected
+
+
+# -- recall tools ----------------------------------------------------------------------
+
+
+async def test_recall_tools_run_as_langchain_tools(history: CtxstoreChatMessageHistory) -> None:
+    """The tools' schemas reach LangChain; ainvoke runs them; bad input is a tool error."""
+    planted = await history.store.append(
+        history.session_id, {"role": "user", "content": "Our Zurich office opens at 07:45."}
+    )
+    tools = {tool.name: tool for tool in history.recall_tools()}
+    assert list(tools) == ["search_history", "read_entry", "pin_message", "unpin_message"]
+    assert tools["search_history"].args["query"]["type"] == "string"
+    found = await tools["search_history"].ainvoke({"query": "Zurich office opens"})
+    assert planted.entry_id in found and "07:45" in found
+    read = await tools["read_entry"].ainvoke({"entry_id": planted.entry_id})
+    assert read == f"entry {planted.entry_id} (user):\nOur Zurich office opens at 07:45."
+    refused = await tools["read_entry"].ainvoke({"entry_id": "../../etc"})
+    assert refused.startswith("error: ")
+    await tools["pin_message"].ainvoke({"entry_id": planted.entry_id})
+    assert (await history.store.info(history.session_id)).pinned == (planted.entry_id,)

@@ -521,3 +521,46 @@ async def test_from_url_owns_its_store(
             assert await given.get_items() == numbered(1)  # the same tenant and session
         assert closed == ["owned"]
     assert closed == ["owned", "given"]  # closed by its owner, on leaving its block
+
+
+# -- recall tools ----------------------------------------------------------------------
+
+
+async def test_an_agent_searches_and_reads_its_history_through_the_recall_tools(
+    session: CtxstoreSession,
+) -> None:
+    """A real run: the scripted model calls search_history and read_entry, gets the fact."""
+    planted = await session.store.append(
+        session.session_id, {"role": "user", "content": "The vault combination is 31-07-1966."}
+    )
+    await session.add_items([{"role": "user", "content": f"filler {i}"} for i in range(50)])
+    tools = session.recall_tools()
+    assert [t.name for t in tools] == [
+        "search_history",
+        "read_entry",
+        "pin_message",
+        "unpin_message",
+    ]
+    model = ScriptedModel(
+        [
+            [function_call("search_history", {"query": "vault combination"}, call_id="c1")],
+            [function_call("read_entry", {"entry_id": planted.entry_id}, call_id="c2")],
+            [function_call("read_entry", {"entry_id": "not-an-id"}, call_id="c3")],
+            [assistant_message("It is 31-07-1966.", item_id="msg_done")],
+        ]
+    )
+    agent = Agent(name="recaller", model=model, tools=tools)
+    result = await Runner.run(
+        agent, "What is the vault combination?", session=session, run_config=NO_TRACING
+    )
+    assert result.final_output == "It is 31-07-1966."
+    outputs = {
+        item["call_id"]: item["output"]
+        for item in await session.get_items()
+        if item.get("type") == "function_call_output"
+    }
+    assert planted.entry_id in outputs["c1"] and "31-07-1966" in outputs["c1"]
+    assert (
+        outputs["c2"] == f"entry {planted.entry_id} (user):\nThe vault combination is 31-07-1966."
+    )
+    assert outputs["c3"].startswith("error: ") and "not an entry id" in outputs["c3"]

@@ -113,6 +113,7 @@ async def workload(url: str) -> None:
         pinned = await store.append("s", {"role": "user", "content": "the task"}, pinned=True)
         await store.pin("s", pinned.entry_id, pinned=False)
         await store.pin("s", pinned.entry_id)
+        assert [hit.entry_id for hit in await store.search("s", "the task")] == [pinned.entry_id]
         view = await store.view("s", token_budget=300, model="claude-x")
         await store.record_usage(view, view.stats.tokens + 20, model="claude-x")
         await store.record_overflow(model="claude-x")

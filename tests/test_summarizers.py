@@ -28,6 +28,7 @@ from ctxstore import (
     SummarizerUnavailableError,
     TiktokenCounter,
 )
+from ctxstore._codec import RECALL_HINT
 from ctxstore.summarizers import (
     SYSTEM_PROMPT,
     AnthropicSummarizer,
@@ -724,7 +725,8 @@ async def test_store_summarizes_through_the_messages_api(
     )
     view = await small_store.view("s", token_budget=2_000)
     assert view.stats.summary_used
-    assert {"role": "user", "content": "<summary>\nSECOND SUMMARY\n</summary>"} in view.messages
+    content = "<summary>\nSECOND SUMMARY\n</summary>\n" + RECALL_HINT
+    assert {"role": "user", "content": content} in view.messages
 
 
 async def test_store_records_a_summarizer_refusal(
@@ -919,7 +921,7 @@ async def test_view_sends_the_summary_in_tags_instead_of_the_early_turns(
     summary = summaries[0]
     assert summary["role"] == "user"
     assert summary["content"].startswith("<summary>\nLedger (current values")
-    assert summary["content"].endswith("\n</summary>")
+    assert summary["content"].endswith("\n</summary>\n" + RECALL_HINT)
     assert "Check yaml first." not in summary["content"]  # thinking is not summarized
     assert view.messages[0] == {"role": "system", "content": system}
     raw = [m for m in view.messages if m is not summary]

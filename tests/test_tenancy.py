@@ -104,6 +104,8 @@ def session_calls(store: Any, session: Any) -> dict[str, Callable[[], Awaitable[
         "pin": lambda: store.pin(session, "1-0"),
         "pop": lambda: store.pop(session),
         "tail": lambda: store.tail(session, 5),
+        "search": lambda: store.search(session, "hostile content"),
+        "index": lambda: store.index(session),
     }
 
 

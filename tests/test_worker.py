@@ -35,6 +35,7 @@ from ctxstore import (
     SummarizerError,
     SummarizerUnavailableError,
 )
+from ctxstore._codec import RECALL_HINT
 from ctxstore.policies import entry_order
 from ctxstore.summary_queue import SummaryQueue, deserialize, job_id
 from ctxstore.testing import FakeSummarizer
@@ -132,7 +133,7 @@ async def assert_summarized_view(
     summary = view.messages[1]
     assert summary["role"] == "user"
     assert summary["content"].startswith("<summary>\n")
-    assert summary["content"].endswith("\n</summary>")
+    assert summary["content"].endswith("\n</summary>\n" + RECALL_HINT)
     assert view.messages[2:] == after
 
 
@@ -544,3 +545,19 @@ async def test_worker_check_exits_0_while_the_worker_runs_and_1_after_it_stops(
     code, out = await ctxstore_cli(wsettings, "worker", "--check")
     assert code == 1, out
     assert f"no health check at {key}" in out
+
+
+@pytest.mark.parametrize("indexing", [True, False])
+async def test_the_worker_brings_the_search_index_up_to_date(
+    wsettings: Settings, tenant: str, indexing: bool
+) -> None:
+    """After its summary job, the worker has indexed the whole history (unless told not to)."""
+    settings = wsettings.model_copy(update={"search_index": indexing})
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        await store.append("s", SYSTEM)
+        await append_until_due(store, "s")
+        worker = await asyncio.wait_for(run_burst(settings, FakeSummarizer()), 30)
+        assert worker.jobs_complete == 1
+        count = (await store.info("s")).count
+        # A search then has nothing left to index when the worker did it.
+        assert await store.index("s") == (0 if indexing else count)

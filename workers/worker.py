@@ -329,7 +329,26 @@ async def _summarize(
     job.done(outcome)
     if outcome.next_generation:
         await ctx["queue"].enqueue(tenant, session, outcome.next_generation)
+    if store.settings.search_index:
+        await _index(store, session, job)
     return {"tenant": tenant, "session": session, "generation": generation, **asdict(outcome)}
+
+
+async def _index(store: ContextStore, session: str, job: _JobLog) -> None:
+    """Bring the session's search index up to date; a failure is logged, never the job's.
+
+    A search indexes what is new itself, so an index left behind costs the
+    next search time, never a result.
+    """
+    try:
+        added = await store.index(session)
+    except CtxstoreError as exc:
+        fields = {**job.fields("failed"), "event": "index"}
+        log.warning("search index not updated: %s", exc, extra=fields)
+        return
+    log.debug(
+        "search index updated: %d entries", added, extra={**job.fields("done"), "event": "index"}
+    )
 
 
 class _JobLog:

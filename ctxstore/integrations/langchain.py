@@ -72,9 +72,11 @@ from langchain_core.messages import (
     message_to_dict,
     messages_from_dict,
 )
+from langchain_core.tools import BaseTool, StructuredTool
 
 from ctxstore.errors import BudgetExceededError, CorruptEntryError, InvalidMessageError
 from ctxstore.integrations._settle import settled
+from ctxstore.recall import TOOL_NAMES, RecallTools
 from ctxstore.store import ContextStore
 
 __all__ = ["LANGCHAIN_KEY", "CtxstoreChatMessageHistory"]
@@ -191,6 +193,29 @@ class CtxstoreChatMessageHistory(BaseChatMessageHistory):  # type: ignore[misc]
                 session=self.session_id,
             )
         return [_as_sent(self._read(sent), sent) for sent in view.messages]
+
+    def recall_tools(self, names: tuple[str, ...] = TOOL_NAMES) -> list[BaseTool]:
+        """The recall tools over this session, as LangChain tools (async: ``ainvoke``).
+
+        ``search_history``, ``read_entry``, ``pin_message`` and
+        ``unpin_message`` (``names``: a subset), for ``bind_tools`` or an
+        agent. A bad call gets a tool result saying what was wrong, never an
+        exception in the agent loop.
+        """
+        recall = RecallTools(self.store, self.session_id, names=names)
+
+        def tool(name: str) -> BaseTool:
+            async def run(**arguments: Any) -> str:
+                return (await recall.execute(name, arguments)).text
+
+            return StructuredTool.from_function(
+                coroutine=run,
+                name=name,
+                description=recall.description(name),
+                args_schema=recall.schema(name),
+            )
+
+        return [tool(name) for name in recall.names]
 
     async def aclose(self) -> None:
         """Close the store if this history opened it (:meth:`from_url`); else nothing."""

@@ -18,6 +18,12 @@ window is :meth:`CtxstoreSession.get_view`, ctxstore's budgeted view
 (summarized, tool calls never cut from their outputs), for callers that build
 the model's input themselves.
 
+:meth:`CtxstoreSession.recall_tools` gives the agent the recall tools
+(:mod:`ctxstore.recall`: search the whole history, read an entry in full,
+pin), so it can reach what a compacted view left out::
+
+    agent = Agent(name="helper", tools=[*my_tools, *session.recall_tools()])
+
 Needs the ``openai-agents`` extra (the SDK's ``SessionSettings``: 0.8 or later).
 """
 
@@ -26,11 +32,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from agents import TResponseInputItem
+from agents import FunctionTool, RunContextWrapper, TResponseInputItem
 from agents.memory import SessionSettings
 
 from ctxstore.errors import BudgetExceededError, InvalidInputError
 from ctxstore.integrations._settle import settled as _settled
+from ctxstore.recall import TOOL_NAMES, RecallTools
 from ctxstore.store import ContextStore
 
 __all__ = ["CtxstoreSession"]
@@ -178,6 +185,29 @@ class CtxstoreSession:
                 session=self.session_id,
             )
         return view.messages
+
+    def recall_tools(self, names: tuple[str, ...] = TOOL_NAMES) -> list[FunctionTool]:
+        """The recall tools over this session, as the SDK's function tools.
+
+        ``search_history``, ``read_entry``, ``pin_message`` and
+        ``unpin_message`` (``names``: a subset). A bad call gets a tool
+        result saying what was wrong, never an exception in the run.
+        """
+        recall = RecallTools(self.store, self.session_id, names=names)
+
+        def tool(name: str) -> FunctionTool:
+            async def invoke(context: RunContextWrapper[Any], arguments: str) -> str:
+                return (await recall.execute(name, arguments)).text
+
+            return FunctionTool(
+                name=name,
+                description=recall.description(name),
+                params_json_schema=recall.schema(name),
+                on_invoke_tool=invoke,
+                strict_json_schema=False,  # optional arguments (limit, offset)
+            )
+
+        return [tool(name) for name in recall.names]
 
     async def aclose(self) -> None:
         """Close the store if this session opened it (:meth:`from_url`); else nothing."""

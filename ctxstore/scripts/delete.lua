@@ -1,7 +1,7 @@
 -- delete: delete a session, leaving a tombstone that carries its epoch and sequence on.
 --
--- KEYS[1..8] the session's keys (log, meta, view, lease, idem, idem_old, keep, anchor),
--- KEYS[9] gone
+-- KEYS[1..9] the session's keys (log, meta, view, lease, idem, idem_old, keep, anchor,
+-- index), KEYS[10] gone
 -- ARGV[1] this call's id (random, the same on every retry of the call)
 -- ARGV[2] how long the tombstone lasts, ms
 -- ARGV[3] now in ms, or '' to use the Redis server's clock
@@ -26,13 +26,13 @@ if prev then
   return {tonumber(existed), rsv, now}
 end
 local meta = redis.call('HMGET', KEYS[2], 'epoch', 'seq', 'rsv', 'rl_tokens', 'rl_at')
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[8])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[8], KEYS[9])
 local period = tonumber(ARGV[4])
 if not meta[2] then  -- nothing, or a lease's fence alone
   record(KEYS[5], ARGV[1], '0', period)
   return {0, '', now}
 end
-redis.call('SET', KEYS[9], tombstone(meta[1], meta[2], meta[4], meta[5]),
+redis.call('SET', KEYS[10], tombstone(meta[1], meta[2], meta[4], meta[5]),
            'PX', tonumber(ARGV[2]))
 local rsv = meta[3] or ''
 record(KEYS[5], ARGV[1], '1 ' .. rsv, period)

@@ -3,6 +3,7 @@
 -- KEYS[1] log, KEYS[2] meta, KEYS[3] keep, KEYS[4] view, KEYS[5] lease, KEYS[6] gone,
 -- KEYS[7] anchor (the views' anchors: a new history starts with none),
 -- KEYS[8] idem, KEYS[9] idem_old (where this call's reply is recorded)
+-- KEYS[10] index (the search index: the history it covers is gone)
 -- ARGV[1] our lease token
 -- ARGV[2] our fence
 -- ARGV[3] now in ms, or '' to use the Redis server's clock
@@ -89,7 +90,7 @@ if creating then created(KEYS[2], KEYS[6], ARGV[12]) end
 local superseded = tonumber(meta[3]) or 0
 epoch = epoch + 1
 seq = seq + 1
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[7])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[7], KEYS[10])
 local out = {'ok', epoch, seq, n, superseded}
 local tokens = 0
 local first_id, last_id = '', ''

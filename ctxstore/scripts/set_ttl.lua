@@ -1,6 +1,6 @@
 -- set_ttl: give an existing session its own TTL, or none, in one step.
 --
--- KEYS[1] log, KEYS[2] meta, KEYS[3] keep, KEYS[4] view, KEYS[5] anchor
+-- KEYS[1] log, KEYS[2] meta, KEYS[3] keep, KEYS[4] view, KEYS[5] anchor, KEYS[6] index
 -- ARGV[1] the TTL in ms, or 0 for none (the session never expires, whatever
 --         the tenant's default)
 --
