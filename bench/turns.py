@@ -24,7 +24,15 @@ Run it from the repository root::
     .venv/bin/python -m bench.turns            # make bench-turns
     .venv/bin/python -m bench.turns --quick    # fewer turns: a smoke run
 
-It prints a table and writes ``bench/results/turns.json``.
+A second table breaks the turn into its operations, as the cost-per-turn
+issue states its targets, on 3,000-message sessions: an append of one
+message; a *cold* view (a pod that never read the session: a store with
+``view_cache_bytes=0``); and a *hot* view (the pod that viewed the session
+last, after one new message). Each phase runs over 20 sessions, so its two
+INFO probes are spread over 20 operations, and the plain client does the
+same phases (its view is the same whether hot or cold).
+
+It prints the tables and writes ``bench/results/turns.json``.
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ from ctxstore import ContextStore, Settings, TiktokenCounter, count_message
 RESULTS = Path(__file__).resolve().parent / "results" / "turns.json"
 BUDGET = 8_000
 SIZE = 400
+OPS_LENGTH = 3_000
+OPS_SESSIONS = 20
 """Bytes of text per message (the plain tool results and prose of bench.bench)."""
 
 
@@ -190,6 +200,85 @@ async def workload(
     return {"workload": name, "messages": length, "sessions": sessions, **merged, "ratio": ratio}
 
 
+OPERATIONS = ("append", "cold view", "hot view")
+
+
+async def phase(
+    raw: Redis, sessions: Sequence[str], operation: Callable[[str], Any], block: Block
+) -> None:
+    """Run ``operation`` once per session, adding its cost to ``block``."""
+    cpu0, out0 = await server_counters(raw)
+    for session in sessions:
+        started = time.perf_counter()
+        await operation(session)
+        block.seconds.append(time.perf_counter() - started)
+    cpu1, out1 = await server_counters(raw)
+    block.cpu_s += cpu1 - cpu0
+    block.out_bytes += out1 - out0
+    block.turns += len(sessions)
+
+
+async def operations(url: str, length: int, sessions: int, rounds: int) -> list[dict[str, Any]]:
+    """Per operation: append one message, a cold view, a hot view (after one new message)."""
+    counter = TiktokenCounter()
+    base = Settings(redis_url=url, key_prefix="ops", queue_name="ops:summaries")
+    cold_settings = base.model_copy(update={"view_cache_bytes": 0})
+    raw = Redis.from_url(url)
+    numbers = itertools.count()
+    history = conversation(length, SIZE, seed=9)
+    names = [f"ops{length}-{i}" for i in range(sessions)]
+    blocks = {(side, op): Block() for side in ("plain", "ctxstore") for op in OPERATIONS}
+    async with (
+        ContextStore.from_settings(base, tenant="bench") as hot,
+        ContextStore.from_settings(cold_settings, tenant="bench") as cold,
+    ):
+        plain, ctx, ctx_cold = Plain(raw, counter), Ctx(hot), Ctx(cold)
+        for session in names:
+            await plain.fill(session, history)
+            await ctx.fill(session, history)
+            await ctx.view(session)  # the hot pod has served every session once
+            await ctx_cold.view("warm-up")  # the cold pod's connection and scripts are ready
+
+        def user_turn() -> list[dict[str, Any]]:
+            n = next(numbers)
+            return [{"role": "user", "content": f"question {n}: " + "x" * (SIZE - 20)}]
+
+        for _ in range(rounds):
+            for label, side, cold_side in (("plain", plain, plain), ("ctxstore", ctx, ctx_cold)):
+
+                async def add(session: str, side: Plain | Ctx = side) -> None:
+                    await side.append(session, user_turn())
+
+                await phase(raw, names, add, blocks[(label, "append")])
+                await phase(raw, names, side.view, blocks[(label, "hot view")])
+                await phase(raw, names, cold_side.view, blocks[(label, "cold view")])
+    await raw.aclose()
+    rows = []
+    for op in OPERATIONS:
+        plain_row, ctx_row = blocks[("plain", op)].row(), blocks[("ctxstore", op)].row()
+        ratio = {k: ctx_row[k] / plain_row[k] for k in plain_row}
+        rows.append({"operation": op, "plain": plain_row, "ctxstore": ctx_row, "ratio": ratio})
+    return rows
+
+
+def render_operations(rows: Sequence[dict[str, Any]], length: int) -> str:
+    """The per-operation table: plain / ctxstore / ratio for each figure."""
+    head = (
+        f"{'per operation (' + format(length, ',') + ' msgs)':<28}"
+        f"{'client p50 ms':>26}{'Redis CPU us':>26}{'Redis out KB':>26}\n"
+        f"{'':<28}" + f"{'plain':>9}{'ctx':>9}{'ratio':>8}" * 3
+    )
+    lines = [head]
+    for row in rows:
+        cells = []
+        for key in ("client_ms_p50", "redis_cpu_us", "redis_out_kb"):
+            cells.append(
+                f"{row['plain'][key]:>9.2f}{row['ctxstore'][key]:>9.2f}{row['ratio'][key]:>7.2f}x"
+            )
+        lines.append(f"{row['operation']:<28}" + "".join(cells))
+    return "\n".join(lines)
+
+
 def _merge(blocks: Sequence[Block]) -> dict[str, float]:
     merged = Block()
     for block in blocks:
@@ -233,10 +322,15 @@ async def main_async(quick: bool) -> None:
         for name, length, sessions in cases:
             rows.append(await workload(url, name, length, sessions, turns, rounds))
             print(render(rows[-1:]).splitlines()[-1], flush=True)
+        per_op = await operations(url, OPS_LENGTH, OPS_SESSIONS, 3 if quick else 10)
     print()
     print(render(rows))
+    print()
+    print(render_operations(per_op, OPS_LENGTH))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"budget": BUDGET, "rows": rows}, indent=2) + "\n")
+    RESULTS.write_text(
+        json.dumps({"budget": BUDGET, "rows": rows, "operations": per_op}, indent=2) + "\n"
+    )
     print(f"\nwritten to {RESULTS}")
 
 

@@ -96,6 +96,7 @@ class Meta:
     SUMMARY_FAILURES = "sum_failures"
     SUMMARY_FAILED_AT = "sum_fail_at"
     IDLE = "idle"
+    KEEP_VERSION = "kv"
     """Set by a summary job that found nothing to cover; cleared when that may change."""
 
 

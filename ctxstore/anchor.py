@@ -13,6 +13,14 @@ A cold read is one MULTI/EXEC (counters, the protected copies, the anchor,
 and the newest entries back to the anchor's start); a step reads the
 summary's levels and sets the anchor, two more round trips, once per step.
 
+A pod keeps what its last view of a session read (:class:`WarmViews`, a
+byte-bounded LRU shared by the process's tenants), and its next view reads
+only the counters, the anchor's value and the entries after the last one it
+holds: one MULTI/EXEC whose replies validate the copy (the epoch and the
+session's life, the count, the pinned copies' version, the anchor), so a
+replace, a pop, an expiry, a pin or another pod's anchor move is never missed:
+any of them sends the view down the cold path.
+
 A message sent as stored costs the tokens counted at append; one sent in
 another form (a preview, a message a repair stripped) is counted as sent,
 once per process: the counts are kept by the message's digest.
@@ -23,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +55,13 @@ from ctxstore.models import RequestView, ViewStats
 from ctxstore.tokens import count_message
 from ctxstore.view import Shape, ViewPlan, form_cost, plan_anchored
 
-__all__ = ["Snapshot", "Viewer"]
+__all__ = ["Snapshot", "Viewer", "WarmViews"]
 
 _ATTEMPTS = 4
+_WARM_LIMIT = 256
+"""The most new entries a warm read takes; past that, the view reads as a cold pod does."""
+_ENTRY_OVERHEAD = 160
+"""Bytes a cached entry costs beside its data (the object, its id), for the byte budget."""
 
 
 @dataclass(slots=True)
@@ -66,6 +79,89 @@ class Snapshot:
     tail: list[Entry] = field(default_factory=list)  # oldest first
     complete: bool = False  # the tail starts at the first entry
     read: int = 0
+    life: bytes | None = None  # meta's life token: a session written again after it expired
+    keep_version: bytes | None = None  # meta's version of the protected copies
+    anchor_raw: bytes | None = None  # the anchor as stored (its value, not its body)
+    warm: bool = False  # read as a warm pod reads: only what was new
+
+
+@dataclass(frozen=True, slots=True)
+class _Warm:
+    """What a pod keeps of its last view of a session, for one budget."""
+
+    epoch: int
+    life: bytes | None
+    keep_version: bytes | None
+    count: int
+    protected: tuple[Entry, ...]
+    anchor_raw: bytes | None
+    anchor: Anchor | None
+    tail: tuple[Entry, ...]
+    complete: bool
+    size: int
+
+
+class WarmViews:
+    """The sessions a process viewed last, in a byte budget: the least recently used go first.
+
+    Shared by every tenant's store on one connection (``for_tenant``); keyed by
+    tenant, session and budget. Only ever a shortcut: every use is validated
+    against Redis in the same round trip that reads what is new.
+
+    Args:
+        limit: The most bytes of message data kept (``0``: nothing is kept).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._items: OrderedDict[tuple[str, str, int], _Warm] = OrderedDict()
+        self._sizes: dict[tuple[str, str], set[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, tenant: str, session: str, size: int) -> _Warm | None:
+        """The copy kept for this view, marked as just used, or ``None``."""
+        key = (tenant, session, size)
+        warm = self._items.get(key)
+        if warm is not None:
+            self._items.move_to_end(key)
+        return warm
+
+    def put(self, tenant: str, session: str, size: int, warm: _Warm) -> None:
+        """Keep ``warm``; the least recently used go until the rest fits.
+
+        A copy over a quarter of the budget is not kept.
+        """
+        self.discard(tenant, session, size)
+        if warm.size > self.limit // 4:
+            return
+        key = (tenant, session, size)
+        self._items[key] = warm
+        self._sizes.setdefault((tenant, session), set()).add(size)
+        self.bytes += warm.size
+        while self.bytes > self.limit:
+            old_tenant, old_session, old_size = next(iter(self._items))
+            self.discard(old_tenant, old_session, old_size)
+
+    def discard(self, tenant: str, session: str, size: int | None = None) -> None:
+        """Forget one view of a session, or (``size`` None) every view of it."""
+        sizes = self._sizes.get((tenant, session))
+        if not sizes:
+            return
+        for each in [size] if size is not None else list(sizes):
+            warm = self._items.pop((tenant, session, each), None)
+            if warm is not None:
+                self.bytes -= warm.size
+                sizes.discard(each)
+        if not sizes:
+            del self._sizes[(tenant, session)]
+
+    def discard_tenant(self, tenant: str) -> None:
+        """Forget every view of a tenant's sessions."""
+        for owner, session in [k for k in self._sizes if k[0] == tenant]:
+            self.discard(owner, session)
 
 
 class Viewer:
@@ -73,10 +169,12 @@ class Viewer:
 
     Args:
         scope: The tenant's scope.
+        warm: The process's kept views (shared by its tenants).
     """
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, scope: Scope, warm: WarmViews) -> None:
         self._scope = scope
+        self.warm = warm
         self._counts: Memo[tuple[str, int], int] = Memo()  # entries the last view read
         self._sizes: Memo[bytes, int] = Memo()  # a message's digest -> its tokens as sent
 
@@ -102,7 +200,9 @@ class Viewer:
                 plan = await self._step(session, keys, snap, size, shape)
                 if plan is None:
                     continue  # the history changed under the step: read again
-            self._guess_next_read(session, size, snap, plan)
+            if not snap.warm:  # a warm pod's next view reads only what is new
+                self._guess_next_read(session, size, snap, plan)
+            self._keep_warm(session, size, snap)
             return self._result(plan, snap, budget), snap
         raise EpochChangedError(-1, -1, tenant=self._scope.tenant, session=session, key=keys.anchor)
 
@@ -123,6 +223,35 @@ class Viewer:
         first = min(sent)
         needed = sum(1 for e in snap.tail if entry_order(e.entry_id) >= first)
         self._counts.put((session, size), needed + max(8, needed // 4))
+
+    def _keep_warm(self, session: str, size: int, snap: Snapshot) -> None:
+        """Keep what this view read, from its anchor's start on, for the next view."""
+        if not self.warm.limit or not snap.tail:
+            return
+        tail = snap.tail
+        complete = snap.complete
+        if snap.anchor is not None and snap.anchor.start and tail[0].entry_id != snap.anchor.start:
+            start = entry_order(snap.anchor.start)
+            cut = next(
+                (i for i, e in enumerate(tail) if entry_order(e.entry_id) >= start), len(tail)
+            )
+            if cut:
+                tail, complete = tail[cut:], False
+        entries = (*snap.protected, *tail)
+        held = sum(len(e.data) + len(e.preview_data or b"") for e in entries)
+        warm = _Warm(
+            epoch=snap.epoch,
+            life=snap.life,
+            keep_version=snap.keep_version,
+            count=snap.count,
+            protected=tuple(snap.protected),
+            anchor_raw=snap.anchor_raw,
+            anchor=snap.anchor,
+            tail=tuple(tail),
+            complete=complete,
+            size=held + _ENTRY_OVERHEAD * len(entries),
+        )
+        self.warm.put(self._scope.tenant, session, size, warm)
 
     def _plan(
         self, snap: Snapshot, size: int, shape: Shape, levels: list[SummaryLevel] | None
@@ -194,11 +323,13 @@ class Viewer:
         )
         status = text(reply[0])
         if status == Reply.OK:
+            snap.anchor, snap.anchor_raw = new, value.encode()
             return plan
         if status == Reply.STALE:
             return None
         # Another pod moved it first: send what it chose (or move it again, if full already).
         snap.anchor = codec.anchor(session, reply[1] or None, reply[2] or None, role)
+        snap.anchor_raw = reply[1] or None
         plan, _ = self._plan(snap, size, shape, levels)
         if plan is None:
             return await self._step(session, keys, snap, size, shape)
@@ -207,24 +338,44 @@ class Viewer:
     async def _snapshot(self, session: str, keys: SessionKeys, size: int) -> Snapshot:
         """Read what a view needs in one MULTI/EXEC, and more only if the guess fell short.
 
-        The tail is read newest first: back to the anchor's start (or, with no
-        anchor, back to a budget's worth), as many entries as this process
-        found last time (or as the budget should hold).
+        A pod that viewed the session before reads only what is new
+        (:meth:`_warm_snapshot`). Otherwise the tail is read newest first:
+        back to the anchor's start (or, with no anchor, back to a budget's
+        worth), as many entries as this process found last time (or as the
+        budget should hold).
         """
+        warm = self.warm.get(self._scope.tenant, session, size) if self.warm.limit else None
+        snap = await self._warm_snapshot(session, keys, size, warm) if warm else None
+        if snap is None:
+            snap = await self._cold_snapshot(session, keys, size)
+        start = entry_order(snap.anchor.start) if snap.anchor and snap.anchor.start else None
+        shape = self.shape
+        while not snap.complete and not _reached(snap, start, size, shape):
+            await self._read_back(session, keys, snap, size, shape)
+        if not snap.warm:
+            self._counts.put((session, size), max(8, len(snap.tail) + 4))
+        return snap
+
+    def _counters(self, meta: list[Any]) -> Snapshot:
+        """A snapshot's counters from ``HMGET meta`` of :data:`_META` (entries not read yet)."""
+        return Snapshot(
+            epoch=int(meta[0] or 0),
+            count=int(meta[1] or 0),
+            tokens=int(meta[2] or 0),
+            unsummarized=int(meta[2] or 0) - int(meta[3] or 0),
+            summary_due=meta[4] == b"1",
+            summary_idle=meta[5] is not None,
+            life=meta[6],
+            keep_version=meta[7],
+        )
+
+    async def _cold_snapshot(self, session: str, keys: SessionKeys, size: int) -> Snapshot:
+        """Read the counters, protected copies, anchor and newest entries in one MULTI/EXEC."""
         connection, codec = self._scope.connection, self._scope.codec
         count = self._counts.get((session, size)) or max(8, size // 150)
         meta, keep, anchor, rows = await connection.transaction(
             [
-                (
-                    "HMGET",
-                    keys.meta,
-                    Meta.EPOCH,
-                    Meta.COUNT,
-                    Meta.TOKENS,
-                    Meta.WATERMARK_TOKENS,
-                    Meta.SUMMARY_DUE,
-                    Meta.IDLE,
-                ),
+                ("HMGET", keys.meta, *_META),
                 ("HGETALL", keys.keep),
                 ("HMGET", keys.anchor, size, f"{size}:s"),
                 ("XREVRANGE", keys.log, "+", "-", "COUNT", count),
@@ -232,32 +383,77 @@ class Viewer:
             session=session,
             key=keys.log,
         )
-        snap = Snapshot(
-            epoch=int(meta[0] or 0),
-            count=int(meta[1] or 0),
-            tokens=int(meta[2] or 0),
-            unsummarized=int(meta[2] or 0) - int(meta[3] or 0),
-            summary_due=meta[4] == b"1",
-            summary_idle=meta[5] is not None,
-        )
+        snap = self._counters(meta)
         snap.protected = sorted(
             (codec.kept(session, text(k), v) for k, v in raw_pairs(keep)),
             key=lambda e: entry_order(e.entry_id),
         )
         snap.read = len(snap.protected)
-        role = self._scope.settings.summary_role
-        snap.anchor = codec.anchor(session, anchor[0], anchor[1], role)
-        if snap.anchor is not None and snap.anchor.epoch != snap.epoch:
-            snap.anchor = None  # left from a replaced history
+        self._set_anchor(session, snap, anchor[0], anchor[1])
         newest_first = [codec.entry(session, row) for row in rows]
         snap.read += len(rows)
         snap.complete = len(rows) < count
         snap.tail = newest_first[::-1]
-        start = entry_order(snap.anchor.start) if snap.anchor and snap.anchor.start else None
-        shape = self.shape
-        while not snap.complete and not _reached(snap, start, size, shape):
-            await self._read_back(session, keys, snap, size, shape)
-        self._counts.put((session, size), max(8, len(snap.tail) + 4))
+        return snap
+
+    def _set_anchor(
+        self, session: str, snap: Snapshot, value: bytes | None, body: bytes | None
+    ) -> None:
+        """Decode the anchor read into ``snap`` (one left from a replaced history is none)."""
+        role = self._scope.settings.summary_role
+        snap.anchor = self._scope.codec.anchor(session, value, body, role)
+        snap.anchor_raw = value or None
+        if snap.anchor is not None and snap.anchor.epoch != snap.epoch:
+            snap.anchor, snap.anchor_raw = None, None  # left from a replaced history
+
+    async def _warm_snapshot(
+        self, session: str, keys: SessionKeys, size: int, warm: _Warm
+    ) -> Snapshot | None:
+        """Read only what is new since this pod's last view; ``None``: read cold.
+
+        One MULTI/EXEC reads the counters, the anchor's value (not its
+        summary) and the entries after the last one kept. The copy holds only
+        if the epoch and the life are the same, the count grew by exactly the
+        entries read (so none was popped), and the pinned copies' version is
+        the same. An anchor another pod moved costs one more round trip for
+        its summary.
+        """
+        connection, codec = self._scope.connection, self._scope.codec
+        low = "(" + warm.tail[-1].entry_id if warm.tail else "-"
+        meta, anchor, rows = await connection.transaction(
+            [
+                ("HMGET", keys.meta, *_META),
+                ("HGET", keys.anchor, size),
+                ("XRANGE", keys.log, low, "+", "COUNT", _WARM_LIMIT),
+            ],
+            session=session,
+            key=keys.log,
+        )
+        snap = self._counters(meta)
+        if (
+            snap.epoch != warm.epoch
+            or snap.life != warm.life
+            or snap.keep_version != warm.keep_version
+            or len(rows) >= _WARM_LIMIT
+            or snap.count != warm.count + len(rows)
+        ):
+            return None
+        if (anchor or None) == warm.anchor_raw:
+            snap.anchor, snap.anchor_raw = warm.anchor, warm.anchor_raw
+        else:
+            value, body = await connection.transaction(
+                [("HGET", keys.anchor, size), ("HGET", keys.anchor, f"{size}:s")],
+                session=session,
+                key=keys.anchor,
+            )
+            if value != anchor:
+                return None  # moved again meanwhile
+            self._set_anchor(session, snap, value, body)
+        snap.protected = list(warm.protected)
+        snap.tail = [*warm.tail, *(codec.entry(session, row) for row in rows)]
+        snap.complete = warm.complete
+        snap.read = len(rows)
+        snap.warm = True
         return snap
 
     async def _read_back(
@@ -310,6 +506,19 @@ class Viewer:
         )
         stats.compacted = bool(stats.dropped or stats.offloaded or stats.summary_used)
         return RequestView(plan.messages, stats)
+
+
+_META = (
+    Meta.EPOCH,
+    Meta.COUNT,
+    Meta.TOKENS,
+    Meta.WATERMARK_TOKENS,
+    Meta.SUMMARY_DUE,
+    Meta.IDLE,
+    Meta.LIFE,
+    Meta.KEEP_VERSION,
+)
+"""The counters every view reads (see :meth:`Viewer._counters`)."""
 
 
 def _raw_cost(snap: Snapshot, size: int, shape: Shape) -> int:

@@ -124,6 +124,11 @@ class Settings(BaseSettings):
             sent as its preview (when it has one).
         view_max_anchors: The most budgets one session keeps an anchor for
             (the oldest anchor goes first).
+        view_cache_bytes: The bytes of message data each process keeps of the
+            sessions it served, so its next view of one reads only what is
+            new (validated in the same round trip: epoch, life, count, the
+            anchor and the pinned copies). The least recently viewed go
+            first; ``0`` turns it off (every view reads as a cold pod does).
         summary_role: The role of the summary message in views: ``user`` (so
             a cached system prompt stays byte-stable) or ``system``.
         summary_retry_seconds: After a failed summary, the sweep waits this
@@ -214,6 +219,7 @@ class Settings(BaseSettings):
     view_summary_share: Annotated[float, Field(gt=0, lt=1)] = 0.4
     view_full_share: Annotated[float, Field(gt=0, le=1)] = 0.15
     view_max_anchors: Annotated[int, Field(ge=1, le=64)] = 4
+    view_cache_bytes: Annotated[int, Field(ge=0, le=1 << 40)] = 64 << 20
     summary_role: Literal["user", "system"] = "user"
     summary_retry_seconds: Annotated[float, Field(ge=0)] = 600.0
     anthropic_api_key: SecretStr | None = Field(

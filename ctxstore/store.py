@@ -26,7 +26,7 @@ from ctxstore._connection import Connection, make_client
 from ctxstore._observe import Observer, observed, record_appends, record_view
 from ctxstore._scope import Scope
 from ctxstore._validate import check_model, check_usage
-from ctxstore.anchor import Viewer
+from ctxstore.anchor import Viewer, WarmViews
 from ctxstore.budget import resolve_budget
 from ctxstore.encryption import Keyring
 from ctxstore.lease import Clock, Lease, LeaseKind, take_lease
@@ -99,6 +99,7 @@ class ContextStore:
         _connection: Connection | None = None,
         _handoff: Handoff | None = None,
         _observer: Observer | None = None,
+        _warm: WarmViews | None = None,
     ) -> None:
         self.settings = settings = settings or Settings()
         self.tenant = tenant = _keys.validate_id(tenant, "tenant")
@@ -114,7 +115,9 @@ class ContextStore:
         self._ratios = Ratios(scope)
         self._index = TenantIndex(scope)
         self._reader = Reader(scope)
-        self._viewer = Viewer(scope)
+        self._viewer = Viewer(
+            scope, _warm if _warm is not None else WarmViews(settings.view_cache_bytes)
+        )
         self._writer = Writer(scope, self._quotas, self._index, self._handoff)
         self._summaries = Summaries(scope, self._reader, self._handoff)
         self._searcher = Searcher(scope)
@@ -154,6 +157,7 @@ class ContextStore:
             _connection=self._connection,
             _handoff=self._handoff,
             _observer=self._observer.for_tenant(tenant),
+            _warm=self._viewer.warm,
         )
 
     async def aclose(self) -> None:
@@ -290,7 +294,9 @@ class ContextStore:
     @observed("delete")
     async def delete(self, session: str) -> bool:
         """Delete a session and everything of it. True if it existed."""
-        return await self._writer.delete(session)
+        deleted = await self._writer.delete(session)
+        self._viewer.warm.discard(self.tenant, session)  # no copy of it stays in this pod
+        return deleted
 
     # -- reads -----------------------------------------------------------------
 
@@ -465,4 +471,5 @@ class ContextStore:
         Raises:
             ForgetIncompleteError: Something could not be deleted (the rest was).
         """
+        self._viewer.warm.discard_tenant(self.tenant)
         return await forget_tenant(self._scope, self._index, self._quotas, self._handoff)

@@ -112,6 +112,7 @@ local since = tonumber(meta[10]) or 0
 local since_changed = false
 local out = {'ok', 0, is_new}
 local answers = false  -- a new message answers a tool call: an open exchange may be closed
+local kept = false  -- a new message is system or pinned: the keep hash changed
 local first_id = meta[9]
 local last_id = nil
 for i = 1, n do
@@ -127,6 +128,7 @@ for i = 1, n do
     local id = add_entry(KEYS[1], KEYS[5], ARGV[base + 1], t, ARGV[base + 4], ARGV[base + 5],
                          ARGV[base + 6], ARGV[base + 7], ARGV[base + 8])
     answers = answers or ARGV[base + 6] ~= ''
+    kept = kept or ARGV[base + 4] ~= ''
     seq = seq + 1
     count = count + 1
     tokens = tokens + t
@@ -158,6 +160,8 @@ if fresh == 0 then return out end
 redis.call('HSET', KEYS[2], 'seq', seq, 'epoch', epoch, 'count', count, 'tokens', tokens,
            'bytes', bytes, 'idem_n', idem_n, 'first_id', first_id, 'last_id', last_id)
 if since_changed then redis.call('HSET', KEYS[2], 'idem_since', since) end
+-- The keep hash's version: a pod's cached view reads the protected copies again.
+if kept then redis.call('HINCRBY', KEYS[2], 'kv', 1) end
 -- The current generation goes too when the session falls quiet.
 redis.call('PEXPIRE', KEYS[3], 2 * period)
 

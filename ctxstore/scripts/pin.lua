@@ -13,6 +13,9 @@
 -- its bytes count against the session's byte quota (and an unpin gives
 -- them back), so a pin is refused when the copy would not fit.
 --
+-- Each change bumps meta 'kv' (the keep hash's version), which tells a pod's
+-- cached view that its copy of the protected messages is stale.
+--
 -- Returns {1} if the entry exists (and is now as asked), {0} if it does not,
 -- or {'quota', name, limit, value}.
 local found = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1], 'COUNT', 1)[1]
@@ -30,10 +33,12 @@ if ARGV[2] == '1' then
   if refusal then return refusal end
   redis.call('HSET', KEYS[2], ARGV[1], keep_value('p', f['t'], f['c'] or '', f['r'] or '', f['m']))
   redis.call('HSET', KEYS[3], 'bytes', bytes)
+  redis.call('HINCRBY', KEYS[3], 'kv', 1)
   local ttl = redis.call('PTTL', KEYS[3])
   if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 elseif held then
   redis.call('HDEL', KEYS[2], ARGV[1])
   redis.call('HINCRBY', KEYS[3], 'bytes', -size)
+  redis.call('HINCRBY', KEYS[3], 'kv', 1)
 end
 return {1}

@@ -1,0 +1,206 @@
+"""A pod's warm views: it reads only what is new, and always sends what a cold pod would.
+
+Two pods that keep their last views (the default) and a third that keeps
+none (``view_cache_bytes=0``, every view read cold) share one session on real
+Redis. Whatever the others do between two views of a warm pod (append, pin,
+pop, replace, summarize, move the anchor, delete), its view is the cold
+pod's, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from helpers import SYSTEM, assistant, oa_call, oa_result, system, turn, user
+from hypothesis import HealthCheck, given
+from hypothesis import settings as settings_
+from hypothesis import strategies as st
+from redis.asyncio import Redis
+
+from ctxstore import ContextStore, LocalSummarizer, RequestView, Settings
+from ctxstore.anchor import WarmViews, _Warm
+from ctxstore.testing import orphans
+
+
+def dumped(view: RequestView) -> list[str]:
+    return [json.dumps(m, sort_keys=True) for m in view.messages]
+
+
+@asynccontextmanager
+async def pods(settings: Settings, tenant: str) -> AsyncIterator[list[ContextStore]]:
+    """Two warm pods and a cold one, on one tenant."""
+    cold = settings.model_copy(update={"view_cache_bytes": 0})
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as a,
+        ContextStore.from_settings(settings, tenant=tenant) as b,
+        ContextStore.from_settings(cold, tenant=tenant) as c,
+    ):
+        yield [a, b, c]
+
+
+async def same_as_cold(pod: ContextStore, cold: ContextStore, session: str, budget: int) -> int:
+    """View on ``pod``, then on the cold pod: the same bytes. Returns the entries ``pod`` read."""
+    view = await pod.view(session, token_budget=budget)
+    again = await cold.view(session, token_budget=budget)
+    assert dumped(view) == dumped(again)
+    assert view.stats.tokens == again.stats.tokens <= budget
+    assert orphans(view.messages) == 0
+    return view.stats.entries_read
+
+
+async def test_a_warm_view_reads_only_the_new_entries(settings: Settings, tenant: str) -> None:
+    """After the first view, each view of a growing session reads what was appended since."""
+    async with pods(settings, tenant) as (a, _, c):
+        await a.append("s", SYSTEM)
+        await a.append_many("s", [turn(i) for i in range(300)])
+        first = await same_as_cold(a, c, "s", 2_000)
+        assert first > 10
+        reads = []
+        for i in range(300, 340):
+            new = [user(f"q{i}"), oa_call(f"c{i}"), oa_result(f"c{i}", "out " * 40)]
+            await a.append_many("s", new[: 1 + i % 3])
+            reads.append(await same_as_cold(a, c, "s", 2_000))
+        # One view in a few moves the anchor and reads back itself; the others read only
+        # what is new.
+        assert sum(1 for r, i in zip(reads, range(300, 340), strict=True) if r == 1 + i % 3) >= 30
+
+
+async def test_what_other_pods_do_between_two_views_is_never_missed(
+    summary_settings: Settings, tenant: str
+) -> None:
+    """Each change another pod makes sends the warm pod's next view down the right path."""
+    async with pods(summary_settings, tenant) as (a, b, c):
+        await b.append("s", SYSTEM)
+        stored = await b.append_many("s", [turn(i) for i in range(40)])
+        await same_as_cold(a, c, "s", 600)
+        # A pin by another pod: the protected copies changed, the entries did not.
+        assert await b.pin("s", stored[3].entry_id)
+        await same_as_cold(a, c, "s", 600)
+        assert await b.pin("s", stored[3].entry_id, pinned=False)
+        await same_as_cold(a, c, "s", 600)
+        # A pop, then as many appends: the count is the same, the history is not.
+        await b.pop("s")
+        await b.append("s", user("instead"))
+        await same_as_cold(a, c, "s", 600)
+        # A system message appended by another pod.
+        await b.append("s", system("new rules"))
+        await same_as_cold(a, c, "s", 600)
+        # The anchor moved by another pod.
+        for i in range(40, 60):
+            await b.append("s", turn(i))
+            await b.view("s", token_budget=600)
+        await same_as_cold(a, c, "s", 600)
+        # A summary committed, then a move that swaps it in.
+        assert (await b.summarize("s", LocalSummarizer())).status == "committed"
+        await b.append_many("s", [turn(i) for i in range(60, 75)])
+        await same_as_cold(b, c, "s", 600)
+        await same_as_cold(a, c, "s", 600)
+        # A replace.
+        await b.replace("s", [SYSTEM, user("a new start")])
+        await same_as_cold(a, c, "s", 600)
+        # A delete, and the session written again.
+        await b.delete("s")
+        await b.append("s", user("a new life"))
+        await same_as_cold(a, c, "s", 600)
+
+
+async def test_a_session_that_expired_and_came_back_is_read_cold(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Keys gone (as by expiry) and the session written again: nothing of its old life is sent."""
+    async with pods(settings, tenant) as (a, b, c):
+        await b.append_many("s", [user("old life"), assistant("old answer")])
+        await same_as_cold(a, c, "s", 2_000)
+        await raw_redis.delete(*a.keys("s").all())  # what expiry does, key by key
+        await b.append_many("s", [user("one"), assistant("two"), user("three")])
+        await same_as_cold(a, c, "s", 2_000)
+        view = await a.view("s", token_budget=2_000)
+        assert "old life" not in json.dumps(view.messages)
+
+
+OPS = ["append", "exchange", "system", "pin", "unpin", "pop", "replace", "summarize", "view-b"]
+
+
+@settings_(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    steps=st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 10_000)), max_size=40),
+    budget=st.sampled_from([300, 700, 2_000]),
+)
+async def test_interleaved_pods_always_get_the_cold_view(
+    summary_settings: Settings, tenant: str, steps: list[tuple[str, int]], budget: int
+) -> None:
+    """Any interleaving of other pods' writes and views: the warm pod sends the cold view."""
+    session = f"w{uuid.uuid4().hex[:8]}"
+    async with pods(summary_settings, tenant) as (a, b, c):
+        await b.append_many(session, [SYSTEM, *(turn(i) for i in range(12))])
+        await same_as_cold(a, c, session, budget)
+        for n, (op, pick) in enumerate(steps):
+            entries = (await b.read(session)).messages
+            target = entries[pick % len(entries)].entry_id if entries else None
+            if op == "append":
+                await b.append(session, user(f"u{n} " + "word " * (pick % 60)))
+            elif op == "exchange":
+                await b.append_many(
+                    session,
+                    [oa_call(f"c{n}"), oa_result(f"c{n}", "out " * (pick % 300)), assistant("k")],
+                )
+            elif op == "system":
+                await b.append(session, system(f"rule {n}"))
+            elif op in ("pin", "unpin") and target:
+                await b.pin(session, target, pinned=op == "pin")
+            elif op == "pop":
+                await b.pop(session)
+            elif op == "replace":
+                await b.replace(session, [SYSTEM, *(turn(n * 100 + i) for i in range(pick % 8))])
+            elif op == "summarize":
+                await b.summarize(session, LocalSummarizer())
+            elif op == "view-b":
+                await b.view(session, token_budget=budget)
+            await same_as_cold(a, c, session, budget)
+
+
+def warm(size: int) -> _Warm:
+    return _Warm(0, None, None, 0, (), None, None, (), False, size)
+
+
+def test_the_kept_views_stay_in_their_byte_budget() -> None:
+    """The least recently used go first; one copy over a quarter of the budget is not kept."""
+    kept = WarmViews(1_000)
+    for i in range(8):
+        kept.put("t", f"s{i}", 500, warm(200))
+    assert kept.bytes == 1_000 and len(kept) == 5
+    assert kept.get("t", "s2", 500) is None  # the oldest went
+    assert kept.get("t", "s3", 500) is not None  # used: now the newest
+    kept.put("t", "s8", 500, warm(200))
+    assert kept.get("t", "s3", 500) is not None and kept.get("t", "s4", 500) is None
+    kept.put("t", "big", 500, warm(251))
+    assert kept.get("t", "big", 500) is None and kept.bytes <= 1_000
+    kept.put("t", "s3", 900, warm(100))
+    kept.discard("t", "s3")
+    assert kept.get("t", "s3", 500) is None and kept.get("t", "s3", 900) is None
+    kept.put("u", "s1", 500, warm(100))
+    kept.discard_tenant("t")
+    assert len(kept) == 1 and kept.bytes == 100
+    off = WarmViews(0)
+    off.put("t", "s", 500, warm(1))
+    assert len(off) == 0
+
+
+async def test_delete_and_forget_drop_this_pods_copies(settings: Settings, tenant: str) -> None:
+    """A deleted or forgotten session's messages do not stay in the pod's memory."""
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        await store.append_many("s", [user("secret 1"), user("secret 2")])
+        await store.append_many("t", [user("secret 3")])
+        await store.view("s", token_budget=1_000)
+        await store.view("t", token_budget=1_000)
+        warm_views = store._viewer.warm
+        assert len(warm_views) == 2
+        await store.delete("s")
+        assert len(warm_views) == 1
+        await store.forget_tenant()
+        assert len(warm_views) == 0 and warm_views.bytes == 0
