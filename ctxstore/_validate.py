@@ -8,6 +8,7 @@ and nothing is written. Booleans are never taken for numbers.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,9 +85,20 @@ def check_entry_id(entry_id: object, session: str | None = None) -> str:
     if not isinstance(entry_id, str):
         raise InvalidInputError("an entry id must be a string", session=session)
     ms, dash, seq = entry_id.partition("-")
-    if not (ms.isdigit() and dash and seq.isdigit() and len(entry_id) <= 41 and ms.isascii()):
-        raise InvalidInputError(f"{entry_id!r} is not a stream entry id", session=session)
+    if not (
+        _DIGITS.fullmatch(ms)
+        and dash
+        and _DIGITS.fullmatch(seq)
+        and int(ms) <= _U64
+        and int(seq) <= _U64
+    ):
+        raise InvalidInputError(f"{entry_id[:64]!r} is not a stream entry id", session=session)
     return entry_id
+
+
+_DIGITS = re.compile(r"[0-9]{1,20}")
+_U64 = 2**64 - 1
+"""Each part of a stream entry id is an unsigned 64-bit number, in ASCII digits."""
 
 
 def check_messages(messages: object, session: str) -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxstore._formats import item_type
 from ctxstore._validate import check_entry_id
-from ctxstore.errors import CtxstoreError, InvalidInputError
+from ctxstore.errors import CtxstoreError, InvalidInputError, QuotaExceededError
 from ctxstore.search import MAX_QUERY_CHARS, message_text
 
 if TYPE_CHECKING:
@@ -218,6 +218,8 @@ class RecallTools:
             return ToolOutcome(f"error: {exc}", is_error=True)
         except InvalidInputError as exc:
             return ToolOutcome(f"error: {exc.reason}", is_error=True)
+        except QuotaExceededError as exc:
+            return ToolOutcome(f"error: refused by the session's quota: {exc.reason}", True)
         except CtxstoreError as exc:
             log.warning("recall tool %s failed: %s", name, exc)
             return ToolOutcome(
@@ -317,6 +319,8 @@ def _arguments(arguments: object, name: str) -> dict[str, Any]:
             arguments = json.loads(arguments)
         except ValueError as exc:
             raise _Refused(f"the arguments of {name} are not JSON: {exc}") from None
+        except RecursionError:
+            raise _Refused(f"the arguments of {name} are not JSON (nested too deeply)") from None
     if not isinstance(arguments, dict):
         raise _Refused(f"the arguments of {name} must be a JSON object")
     unknown = set(arguments) - set(_SPECS[name][1])

@@ -68,6 +68,9 @@ _K1, _B, _DELTA = 1.2, 0.4, 1.0
 _WORD = re.compile(r"\d+(?:[.,:]\d+)+|[^\W_]+(?:_[^\W_]+)*")
 """A number with its dots and commas (``25.2``, ``3,343``, ``10.0.0.7``, ``19:30``), or a word."""
 _SPACE = re.compile(r"\s+")
+_MAX_DEPTH = 64
+"""Nesting past which a message's values are not searched (tool arguments are untrusted JSON)."""
+_NUMBER = re.compile(r"[0-9]+")
 _STOP = frozenset(
     (
         "a", "about", "above", "after", "again", "against", "all", "am", "an", "and", "any", "are",
@@ -138,14 +141,16 @@ def message_text(message: dict[str, Any]) -> str:
     """
     parts: list[str] = []
 
-    def walk(value: Any, field: str | None) -> None:
+    def walk(value: Any, field: str | None, depth: int) -> None:
+        if depth > _MAX_DEPTH:
+            return  # deeper than any real message: its text is not searched
         if isinstance(value, str):
             if field == "arguments" and value[:1] in "{[":
                 try:
-                    walk(json.loads(value), None)
+                    walk(json.loads(value), None, depth + 1)
                     return
-                except ValueError:
-                    pass
+                except (ValueError, RecursionError):
+                    pass  # not JSON (or nested past what the parser takes): kept as text
             if value:
                 parts.append(value)
         elif isinstance(value, dict):
@@ -154,16 +159,16 @@ def message_text(message: dict[str, Any]) -> str:
                     continue
                 if field is None and key not in _MESSAGE_FIELDS:
                     parts.append(str(key))  # an argument's name: "path", "port"
-                walk(item, key)
+                walk(item, key, depth + 1)
         elif isinstance(value, list):
             for item in value:
-                walk(item, field)
+                walk(item, field, depth + 1)
         elif isinstance(value, int | float) and not isinstance(value, bool):
             parts.append(str(value))
 
     for key, item in message.items():
         if key not in _SKIPPED_FIELDS:
-            walk(item, key)
+            walk(item, key, 0)
     return "\n".join(parts)
 
 
@@ -222,9 +227,11 @@ class _Header:
             return None
         try:
             epoch, life, key, cursor, docs, length = text(raw).split(" ")
-            return cls(epoch, "" if life == "-" else life, key, cursor, int(docs), int(length))
-        except ValueError:
+        except (ValueError, UnicodeDecodeError):
             return None  # not one of ours: the next commit starts the index over
+        if not (_NUMBER.fullmatch(docs) and _NUMBER.fullmatch(length)):
+            return None  # read as search_index.lua reads it (%d+), or started over
+        return cls(epoch, "" if life == "-" else life, key, cursor, int(docs), int(length))
 
 
 class Searcher:
@@ -248,7 +255,14 @@ class Searcher:
 
     @property
     def _key_id(self) -> str:
-        return "-" if self._hash is None else self._hash[0]
+        """The index key's name in the header: ``-`` in clear, else a digest of its id.
+
+        A digest, not the id: a key id may hold a space (the header's separator)
+        or be ``-`` itself, and either would let a stale index pass for current.
+        """
+        if self._hash is None:
+            return "-"
+        return "k" + hashlib.blake2b(self._hash[0].encode(), digest_size=8).hexdigest()
 
     async def search(self, session: str, query: object, limit: object) -> list[SearchHit]:
         """The entries that best match ``query``, best first (see ``ContextStore.search``)."""
@@ -438,22 +452,39 @@ def _rank(header: _Header, postings: Iterable[Any], limit: int) -> list[tuple[fl
     for raw in postings:
         if not raw:
             continue
-        items = text(raw).split(";")[:-1]
+        try:
+            items = [_posting(item) for item in text(raw).split(";")[:-1]]
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptEntryError(f"the search index holds a malformed posting: {exc}") from None
         idf = math.log(1 + (docs - len(items) + 0.5) / (len(items) + 0.5))
-        for item in items:
-            entry, count, size = item.split(",")
-            tf = int(count)
-            norm = tf * (_K1 + 1) / (tf + _K1 * (1 - _B + _B * int(size) / average)) + _DELTA
+        for entry, tf, size in items:
+            norm = tf * (_K1 + 1) / (tf + _K1 * (1 - _B + _B * size / average)) + _DELTA
             scores[entry] = scores.get(entry, 0.0) + idf * norm
     # Ties go to the newer entry: the later statement of a fact is the one in force.
     best = heapq.nlargest(limit, scores.items(), key=lambda kv: (kv[1], entry_order(kv[0])))
     return [(score, entry) for entry, score in best]
 
 
+def _posting(item: str) -> tuple[str, int, int]:
+    """One posting, ``entry id,tf,length``, as search_index.lua writes it.
+
+    Raises:
+        ValueError: It is not.
+    """
+    entry, count, size = item.split(",")
+    if not (_ENTRY_ID.fullmatch(entry) and _NUMBER.fullmatch(count) and _NUMBER.fullmatch(size)):
+        raise ValueError(f"{item[:80]!r}")
+    return entry, int(count), int(size)
+
+
+_ENTRY_ID = re.compile(r"[0-9]+-[0-9]+")
+
+
 def _snippet(body: str, words: list[str]) -> str:
     """About ``SNIPPET_CHARS`` of ``body`` around the first of ``words`` it holds."""
     flat = _SPACE.sub(" ", body).strip()
-    lower = flat.lower()
+    # Lowered letter by letter, keeping each letter's place ('İ'.lower() is two letters).
+    lower = "".join(c if len(low := c.lower()) != 1 else low for c in flat)
     found = [i for i in (lower.find(w) for w in words) if i >= 0]
     at = min(found) if found else 0
     start = max(0, at - SNIPPET_CHARS // 3)

@@ -153,6 +153,7 @@ class Writer:
                     keys.view,
                     keys.gone,
                     keys.anchor,
+                    keys.index,
                 ),
                 (*args[:10], *reservation, now, *args[10:]),
                 session=session,

@@ -8,6 +8,7 @@
 -- KEYS[6] view   the cached summary (only its TTL is touched here)
 -- KEYS[7] gone   a deleted session's tombstone: "epoch seq [rate_tokens rate_at]"
 -- KEYS[8] anchor the views' anchors (only its TTL is touched here)
+-- KEYS[9] index  the search index (only its TTL is touched here)
 -- ARGV[1] expected seq, or '' to append unconditionally
 -- ARGV[2] default TTL in ms, or '' (a TTL set on the session wins)
 -- ARGV[3] idempotency window: keys per generation, at most
@@ -178,6 +179,6 @@ end
 
 local ttl = tonumber(meta[5]) or tonumber(ARGV[2])
 if ttl and ttl > 0 then
-  for _, k in ipairs({1, 2, 5, 6, 8}) do redis.call('PEXPIRE', KEYS[k], ttl) end
+  for _, k in ipairs({1, 2, 5, 6, 8, 9}) do redis.call('PEXPIRE', KEYS[k], ttl) end
 end
 return out
