@@ -263,20 +263,8 @@ async def operations(url: str, length: int, sessions: int, rounds: int) -> list[
 
 def render_operations(rows: Sequence[dict[str, Any]], length: int) -> str:
     """The per-operation table: plain / ctxstore / ratio for each figure."""
-    head = (
-        f"{'per operation (' + format(length, ',') + ' msgs)':<28}"
-        f"{'client p50 ms':>26}{'Redis CPU us':>26}{'Redis out KB':>26}\n"
-        f"{'':<28}" + f"{'plain':>9}{'ctx':>9}{'ratio':>8}" * 3
-    )
-    lines = [head]
-    for row in rows:
-        cells = []
-        for key in ("client_ms_p50", "redis_cpu_us", "redis_out_kb"):
-            cells.append(
-                f"{row['plain'][key]:>9.2f}{row['ctxstore'][key]:>9.2f}{row['ratio'][key]:>7.2f}x"
-            )
-        lines.append(f"{row['operation']:<28}" + "".join(cells))
-    return "\n".join(lines)
+    labels = [row["operation"] for row in rows]
+    return _table(f"per operation ({length:,} msgs)", labels, rows, width=28, digits=2)
 
 
 def _merge(blocks: Sequence[Block]) -> dict[str, float]:
@@ -291,19 +279,26 @@ def _merge(blocks: Sequence[Block]) -> dict[str, float]:
 
 def render(rows: Sequence[dict[str, Any]]) -> str:
     """The table: per turn, plain / ctxstore / ratio for each figure."""
+    labels = [f"{row['workload']} ({row['messages']:,})" for row in rows]
+    return _table("workload", labels, rows, width=22, digits=1)
+
+
+def _table(
+    title: str, labels: Sequence[str], rows: Sequence[dict[str, Any]], *, width: int, digits: int
+) -> str:
+    """Rows of plain / ctxstore / ratio for client time, Redis CPU and bytes, one per label."""
     head = (
-        f"{'workload':<22}{'client p50 ms':>26}{'Redis CPU us':>26}{'Redis out KB':>26}\n"
-        f"{'':<22}" + f"{'plain':>9}{'ctx':>9}{'ratio':>8}" * 3
+        f"{title:<{width}}{'client p50 ms':>26}{'Redis CPU us':>26}{'Redis out KB':>26}\n"
+        f"{'':<{width}}" + f"{'plain':>9}{'ctx':>9}{'ratio':>8}" * 3
     )
     lines = [head]
-    for row in rows:
-        cells = []
-        for key in ("client_ms_p50", "redis_cpu_us", "redis_out_kb"):
-            cells.append(
-                f"{row['plain'][key]:>9.1f}{row['ctxstore'][key]:>9.1f}{row['ratio'][key]:>7.2f}x"
-            )
-        label = f"{row['workload']} ({row['messages']:,})"
-        lines.append(f"{label:<22}" + "".join(cells))
+    for label, row in zip(labels, rows, strict=True):
+        cells = [
+            f"{row['plain'][key]:>9.{digits}f}{row['ctxstore'][key]:>9.{digits}f}"
+            f"{row['ratio'][key]:>7.2f}x"
+            for key in ("client_ms_p50", "redis_cpu_us", "redis_out_kb")
+        ]
+        lines.append(f"{label:<{width}}" + "".join(cells))
     return "\n".join(lines)
 
 
