@@ -48,6 +48,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.metrics_bench
 	$(BIN)/python -m bench.turns
 	$(BIN)/python -m bench.search_bench
+	$(BIN)/python -m bench.fork_bench
+	$(BIN)/python -m bench.archive_bench
 
 eval: $(STAMP)
 	$(BIN)/python -m bench.eval

@@ -25,8 +25,6 @@ from the repository root::
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import secrets
 import statistics
 import sys
@@ -35,9 +33,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.conversations import DOMAINS, generate, text_of
+from bench.runner import run_bench
 from ctxstore import ContextStore, Settings
 from ctxstore.search import terms
-from ctxstore.testing import redis_under_test, remove_keys
+from ctxstore.testing import remove_keys
 
 TARGET = 1.05
 """The most an append with indexing on may cost against off (median)."""
@@ -151,12 +150,7 @@ async def run(url: str, quick: bool) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; exit status 1 when the append ratio is over the target."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer samples: a smoke run")
-    args = parser.parse_args(argv)
-    with redis_under_test() as (url, source):
-        print(f"Redis: {source}")
-        return 0 if asyncio.run(run(url, args.quick)) else 1
+    return run_bench(run, __doc__, argv)
 
 
 if __name__ == "__main__":

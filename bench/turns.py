@@ -26,11 +26,13 @@ Run it from the repository root::
 
 A second table breaks the turn into its operations, as the cost-per-turn
 issue states its targets, on 3,000-message sessions: an append of one
-message; a *cold* view (a pod that never read the session: a store with
-``view_cache_bytes=0``); and a *hot* view (the pod that viewed the session
-last, after one new message). Each phase runs over 20 sessions, so its two
-INFO probes are spread over 20 operations, and the plain client does the
-same phases (its view is the same whether hot or cold).
+message; a *cold* view (a pod that keeps no views: a store with
+``view_cache_bytes=0``, which has viewed each session before, so it knows
+where its last view started and reads back that far); and a *hot* view (the
+pod that viewed the session last, after one new message). Each phase runs
+over 20 sessions, so its two INFO probes are spread over 20 operations, and
+the plain client does the same phases (its view is the same whether hot or
+cold).
 
 It prints the tables and writes ``bench/results/turns.json``.
 """

@@ -11,6 +11,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ctxstore._cli_history import check as check_history
+from ctxstore._cli_history import parsers as history_parsers
+
 __all__ = ["LIMITS", "LIMIT_FLAGS", "LISTED_MAX", "check_args", "parser"]
 
 
@@ -72,6 +75,7 @@ LIMIT_FLAGS: dict[str, Callable[[str], int | float]] = {
     "appends_per_second": float,
     "append_burst": _whole,
     "ttl_seconds": _whole,
+    "checkpoints": _whole,
 }
 """The ``limits`` flags: ``TenantLimits``'s fields (a test keeps the two the same)."""
 
@@ -92,6 +96,12 @@ LIMITS: dict[str, tuple[str, str, str, str]] = {
         "seconds",
         "sessions expire this long after their last write",
         "2592000, 30 days",
+    ),
+    "checkpoints": (
+        "max_checkpoints",
+        "checkpoints",
+        "the most checkpoints one session may keep",
+        "100",
     ),
 }
 """Each limit: the ``Settings`` field it falls back to, its unit, its help, an example."""
@@ -155,6 +165,7 @@ def parser() -> argparse.ArgumentParser:
     )
     _worker_parser(commands)
     _read_parsers(commands)
+    history_parsers(commands, _command, (_tenant_flag, _json_flag))
     _limits_parser(commands)
     _forget_parser(commands)
     sweep = _command(
@@ -209,7 +220,9 @@ def _worker_parser(commands: Any) -> None:
         ],
     )
     worker.add_argument(
-        "--burst", action="store_true", help="stop once the queue is empty (for tests and cron)"
+        "--burst",
+        action="store_true",
+        help="stop once the queue is empty; no sweep (ctxstore sweep is one on demand)",
     )
     worker.add_argument(
         "--check",
@@ -482,3 +495,4 @@ def check_args(args: argparse.Namespace) -> None:
             parser.error(f"--{flag} and --unset {flag} contradict each other")
     if args.command == "acl" and args.admin is not None and args.admin == args.probe:
         parser.error("--admin and --probe must name different users")
+    check_history(args)

@@ -285,6 +285,11 @@ def show_status(info: SessionInfo, job: str | None, *, as_json: bool) -> None:
     ]
     if info.summary_error:
         rows.append(("last error", f"{info.summary_error} ({when(info.summary_failed_at_ms)})"))
+    rows.append(("checkpoints", f"{info.checkpoints} ({info.branches} branches from rewinds)"))
+    if info.forked_from:
+        rows.append(("forked from", f"{info.forked_from!r} at entry {info.fork_point}"))
+    if info.shared_messages:
+        rows.append(("shared", f"{info.shared_messages:,} messages read from frozen segments"))
     rows.append(("ttl", f"{info.ttl_seconds:,} s" if info.ttl_seconds else "none (never expires)"))
     for name, value in rows:
         table.add_row(name, value)

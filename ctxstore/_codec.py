@@ -33,7 +33,9 @@ from ctxstore.models import StoredMessage, Summary
 __all__ = [
     "ENTRY_PLACEHOLDER",
     "SEP",
+    "SUMMARY_COPY",
     "SUMMARY_FIELDS",
+    "SUMMARY_SEALED",
     "Anchor",
     "Codec",
     "Entry",
@@ -96,12 +98,23 @@ class Meta:
     SUMMARY_FAILURES = "sum_failures"
     SUMMARY_FAILED_AT = "sum_fail_at"
     IDLE = "idle"
-    KEEP_VERSION = "kv"
     """Set by a summary job that found nothing to cover; cleared when that may change."""
+    KEEP_VERSION = "kv"
+    """The version of the protected copies (bumped when one is added or dropped)."""
+    CHAIN = "chain"
+    """The frozen segments the history starts with (:class:`ctxstore.lineage.Chain`)."""
+    BASE = "base"
+    """The chain's last entry: the live log holds only entries after it."""
+    ORIGIN = "origin"
+    """A fork's source and the entry it was forked at (``session entry``)."""
 
 
 SUMMARY_FIELDS = ("l1", "n1", "l2", "n2", "covers", "epoch")
 """The fields of the cached summary a view reads (see ``summary_commit.lua``)."""
+SUMMARY_COPY = (*SUMMARY_FIELDS, "model", "state")
+"""The fields a checkpoint or a fork copies (``SUMMARY_COPY`` in the scripts)."""
+SUMMARY_SEALED = frozenset({"l1", "l2", "state"})
+"""Those that hold text, sealed for their session."""
 
 
 class Reply(StrEnum):
@@ -114,6 +127,18 @@ class Reply(StrEnum):
     STALE = "stale"
     RESERVE = "reserve"
     """The write would create the session and holds no live reservation of the index."""
+    ABSENT = "absent"
+    """There is no such session."""
+    MISSING = "missing"
+    """The entry asked for is not in the session's history."""
+    RELAYOUT = "relayout"
+    """The session's chain changed since it was read (a fork froze its log): read again."""
+    EXISTS = "exists"
+    """The session a fork or an import would create exists already."""
+    BASE = "base"
+    """The live log is empty and the history goes on in the chain: call again with its end."""
+    EXPIRED = "expired"
+    """A fork came too late to be written: the segments it reads are no longer kept for it."""
 
 
 @dataclass(slots=True)
@@ -277,6 +302,16 @@ class Codec:
                 )
             return value
         return self.keyring.open(self.tenant, session, value)
+
+    def reseal(self, owner: str, session: str, value: bytes) -> bytes:
+        """A value stored for ``owner`` as it is stored for ``session`` (same tenant).
+
+        A sealed value is bound to its session: one copied into another
+        session (a fork's, a rewind's bridge) is opened and sealed again.
+        """
+        if not value or owner == session or self.keyring is None:
+            return value
+        return self.seal(session, self.open(owner, value))
 
     def entry(self, session: str, row: list[Any]) -> Entry:
         """An entry from a raw stream row ``[id, [b"m", data, b"t", tokens, ...]]``.

@@ -143,11 +143,19 @@ def make_client(url: str, settings: Settings) -> Any:
             from redis.backoff import NoBackoff
 
             options = dict(common, retry=Retry(NoBackoff(), 1))
-        return RedisCluster.from_url(url, **options)
-    client: Redis = Redis.from_url(url, retry_on_timeout=False, health_check_interval=30, **common)
-    pool = client.connection_pool
+        return RedisCluster.from_url(url, max_connections=settings.max_connections, **options)
+    # A bounded pool that makes a call wait for a free connection: redis-py 8's
+    # default pool (100 connections) fails a burst of calls past it at once.
+    pool = rconn.BlockingConnectionPool.from_url(
+        url,
+        max_connections=settings.max_connections,
+        timeout=settings.operation_timeout,
+        retry_on_timeout=False,
+        health_check_interval=30,
+        **common,
+    )
     pool.connection_class = _FAST.get(pool.connection_class, pool.connection_class)
-    return client
+    return Redis.from_pool(pool)
 
 
 class _Topology:

@@ -198,6 +198,7 @@ _WAS_MORE = [
     re.compile(p, re.I)
     for p in (
         r"\((?:it |that )?was (?P<old>[^)]+)\)",  # "... (it was Ambergate Systems)"
+        r"\((?:previously|previous:|formerly|before:?|old:)\s*(?P<old>[^)]+)\)",
         r"\(i typed (?P<old>[^)\s]+)",
         r"\bwas (?P<old>\S+), now\b",
         r"\b(?:rather|prefer\w*)\b.{1,60}?\bthan\s+(?P<old>[^,;.()]+)",

@@ -84,6 +84,8 @@ class Entry:
     user: bool = False  # the user said it: a requirement, not the agent's remark
     fixed: bool = False  # a correction said so ("actually", "instead of X"): not a tally's update
     words: list[str] = field(default_factory=list)
+    shape: str = ""  # the shape of the sentence or line it was read from (``_shapes``)
+    weight: int = 0  # how much the sentence it was read from says it matters (``_notes``)
 
 
 class Fact(NamedTuple):

@@ -75,6 +75,9 @@ class SessionKeys:
         keep: Hash: entry id -> kind of the messages every view must send.
         anchor: Hash: where the view starts, per budget (and the summary it sends).
         index: Hash: the history's search index (:mod:`ctxstore.search`).
+        checkpoints: Hash: checkpoint id -> where the session was (:mod:`ctxstore.checkpoints`).
+        checkpoint_summaries: Hash: ``<checkpoint id>:<field>`` -> the summary in force then.
+        branches: Hash: branch id -> an abandoned tail a rewind left (:mod:`ctxstore.lineage`).
         gone: String: a deleted session's tombstone (its next epoch and sequence).
     """
 
@@ -87,10 +90,16 @@ class SessionKeys:
     keep: str
     anchor: str
     index: str
+    checkpoints: str
+    checkpoint_summaries: str
+    branches: str
     gone: str
 
     def all(self) -> tuple[str, ...]:
-        """Every key of the session, in a fixed order (the tombstone last)."""
+        """Every key of the session, in a fixed order (the tombstone last).
+
+        Not its segments (:func:`segment_keys`): they outlive it while a fork reads them.
+        """
         return (
             self.log,
             self.meta,
@@ -101,6 +110,9 @@ class SessionKeys:
             self.keep,
             self.anchor,
             self.index,
+            self.checkpoints,
+            self.checkpoint_summaries,
+            self.branches,
             self.gone,
         )
 
@@ -119,8 +131,43 @@ def session_keys(prefix: str, tenant: str, session: str) -> SessionKeys:
         keep=base + "keep",
         anchor=base + "anchor",
         index=base + "index",
+        checkpoints=base + "ckpt",
+        checkpoint_summaries=base + "ckpt:sum",
+        branches=base + "branches",
         gone=base + "gone",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentKeys:
+    """The keys of one segment: a session's log, frozen; in that session's slot.
+
+    Attributes:
+        log: Stream: the entries, never written again.
+        info: Hash: its last entry and the counters there, and who reads it.
+    """
+
+    log: str
+    info: str
+
+
+def segment_keys(prefix: str, tenant: str, owner: str, segment: str) -> SegmentKeys:
+    """The keys of segment ``segment`` of session ``owner`` (ids validated already).
+
+    ``segment`` is a random token (``A-Za-z0-9_-``): it cannot hold ``:``, a
+    brace or a glob character.
+    """
+    base = f"{prefix}:{{{tenant}:{owner}}}:seg:{segment}"
+    return SegmentKeys(log=base, info=base + ":i")
+
+
+def staging_keys(prefix: str, tenant: str, session: str, token: str) -> tuple[str, str]:
+    """Where an import stages a session before it appears: a stream and a keep hash.
+
+    In the session's slot, so the import's last step renames them into place.
+    """
+    base = f"{prefix}:{{{tenant}:{session}}}:stage:{token}:"
+    return base + "log", base + "keep"
 
 
 def tenant_sessions_key(prefix: str, tenant: str) -> str:
@@ -143,6 +190,15 @@ def tenant_deleted_key(prefix: str, tenant: str) -> str:
     while; ``forget_tenant`` finds them here (they are no longer listed).
     """
     return f"{prefix}:{{{tenant}}}:deleted"
+
+
+def tenant_segments_key(prefix: str, tenant: str) -> str:
+    """The sorted set of a tenant's segments (``owner:id`` -> when made, ms), for ``forget_tenant``.
+
+    Segments outlive the session they were frozen from while forks read them:
+    this is how a forget finds one whose every reader is gone.
+    """
+    return f"{prefix}:{{{tenant}}}:segments"
 
 
 def tenant_ratios_key(prefix: str, tenant: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from ctxstore._codec import Entry
 from ctxstore._formats import call_ids, item_type, result_ids
 
-__all__ = ["Pairs", "pair", "place", "without_calls", "without_results"]
+__all__ = ["Pairs", "in_place", "pair", "place", "without_calls", "without_results"]
 
 
 @dataclass(slots=True)
@@ -130,10 +130,10 @@ def place(count: int, caller: dict[int, int], chained: set[int]) -> Sequence[int
     """The order to send ``count`` items in: each answering item right after its caller.
 
     Answering items keep their order among themselves; every other item
-    keeps its place. Items already in a valid order (see ``_in_place``) keep
+    keeps its place. Items already in a valid order (see ``in_place``) keep
     it. Linear in the number of items.
     """
-    if _in_place(count, caller, chained):
+    if in_place(count, caller, chained):
         return range(count)
     answers: dict[int, list[int]] = {}
     for index in sorted(caller):
@@ -153,7 +153,7 @@ def place(count: int, caller: dict[int, int], chained: set[int]) -> Sequence[int
     return order
 
 
-def _in_place(count: int, caller: dict[int, int], chained: set[int]) -> bool:
+def in_place(count: int, caller: dict[int, int], chained: set[int]) -> bool:
     """True when each answering item already follows its caller's group (the usual case).
 
     A group is the last item that answers nothing, or a run of Responses call

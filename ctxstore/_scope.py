@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ctxstore import _keys
 from ctxstore._codec import Codec
 from ctxstore._connection import Connection
+from ctxstore.errors import EntryNotFoundError
 from ctxstore.lease import Clock
 from ctxstore.settings import Settings
 from ctxstore.tokens import TokenCounter
@@ -64,6 +65,21 @@ class Scope:
     def period_ms(self) -> int:
         """How long a call's reply is kept for its retries (``idempotency_seconds``), ms."""
         return int(self.settings.idempotency_seconds * 1000)
+
+    async def named(self, session: str, key: str, name: str, what: str) -> Any:
+        """The value of field ``name`` of one of the session's hashes (a checkpoint's record).
+
+        Raises:
+            EntryNotFoundError: There is none: no ``what`` of that name.
+        """
+        (value,) = await self.connection.transaction(
+            [("HGET", key, name)], session=session, key=key
+        )
+        if value is None:
+            raise EntryNotFoundError(
+                f"no {what} {name}", tenant=self.tenant, session=session, key=key
+            )
+        return value
 
     def wall_ms(self) -> int:
         """Now, in ms: the injected clock's time, else this machine's."""

@@ -26,8 +26,14 @@ __all__ = ["LIBRARY_NAME", "NAMES", "SCRIPTS", "Script", "library"]
 NAMES = (
     "anchor",
     "append",
+    "checkpoint",
+    "checkpoint_delete",
     "delete",
     "enqueue",
+    "fork",
+    "freeze",
+    "import_commit",
+    "import_stage",
     "lease_acquire",
     "lease_release",
     "lease_renew",
@@ -35,8 +41,11 @@ NAMES = (
     "pop",
     "ratio",
     "reserve",
+    "rewind",
     "rewrite",
     "search_index",
+    "segment_hold",
+    "segment_release",
     "set_ttl",
     "summary_commit",
     "summary_request",
@@ -100,8 +109,14 @@ class _Scripts:
 
     anchor: Script
     append: Script
+    checkpoint: Script
+    checkpoint_delete: Script
     delete: Script
     enqueue: Script
+    fork: Script
+    freeze: Script
+    import_commit: Script
+    import_stage: Script
     lease_acquire: Script
     lease_release: Script
     lease_renew: Script
@@ -109,8 +124,11 @@ class _Scripts:
     pop: Script
     ratio: Script
     reserve: Script
+    rewind: Script
     rewrite: Script
     search_index: Script
+    segment_hold: Script
+    segment_release: Script
     set_ttl: Script
     summary_commit: Script
     summary_request: Script

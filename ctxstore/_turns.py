@@ -17,6 +17,8 @@ import re
 from typing import Any, NamedTuple
 
 from ctxstore._facts import Entry, Fact, Kind, clip, is_statement, key_of, prose_facts
+from ctxstore._notes import Note, note
+from ctxstore._shapes import shape
 
 
 class Turn(NamedTuple):
@@ -66,6 +68,7 @@ _MARK = re.compile(
     re.I,
 )
 _HINT = re.compile(r"\s{2,}#\s*(?P<a>.+)$|\s+\((?P<b>the .+)\)$")  # "x=y  # the invoice"
+_HINT_WAS = re.compile(r"(?:was|previously|formerly)\s+(?P<old>[^,;()]+?)\s*(?:[,;(]|$)", re.I)
 _KEY_VALUE = re.compile(r"^(?P<key>[A-Za-z][\w'. -]{0,40}?)\s*[:=]\s*(?P<value>\S.*)$")
 _PROSE = re.compile(
     r"^(?:the|our|a|an)\s.*\b(?:is|are|=|set for|stored at|resolved to|comes out at)\b"
@@ -77,6 +80,14 @@ _CODE = re.compile(
     r"File|at)\b|[{};]\s*$|^\s{6,}|://\S+:"
 )
 _GREP = re.compile(r"^\S+:\d+:")
+_LONG = 30
+"""Words past which a line of output is prose, read sentence by sentence."""
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_LOGGED_AT = re.compile(r"^\[?\d{4}-\d\d-\d\d[T ][\d:.,]+Z?\]?\s+(?:[A-Z]{3,}\s+)?(?:[\w.-]+:\s+)?")
+_DIFF = re.compile(r"^[+~-]\s+")
+_LOGGED_PAIR = re.compile(r"^(?P<k>[a-z][a-z0-9]*(?:_[a-z0-9]+)+)=(?P<v>\S.{0,120})$")
+_LABEL = re.compile(r"(?:The|Our|Their|Your|Its|[A-Z][a-z]+)(?: [\w'\u2019().-]+){1,7}")
+_FIELD = re.compile(r'^\s*"(?P<k>[A-Za-z][\w .-]{2,60})"\s*:\s*"?(?P<v>[^"{}\[\]]{1,120}?)"?,?\s*$')
 
 
 def turn(message: dict[str, Any]) -> Turn | None:
@@ -173,19 +184,30 @@ def failure(output: str, flagged: bool) -> str | None:
 
 
 def _json_failure(output: str) -> str | None:
-    """A JSON result's failure: its error, or stderr with a non-zero exit; "" when it passed."""
-    if not output.lstrip().startswith("{"):
+    """A JSON result's failure: its error, or stderr with a non-zero exit; "" when it passed.
+
+    The JSON may be followed by other output (a stack, a timing line).
+    """
+    text = output.lstrip()
+    if not text.startswith("{"):
         return None
     try:
-        data = json.loads(output)
+        data, _ = json.JSONDecoder().raw_decode(text)
     except ValueError:
         return None
     if not isinstance(data, dict):
         return None
     code = next((data[k] for k in ("exit_code", "returncode", "exitCode") if k in data), 0)
-    if data.get("error") or (isinstance(code, int) and code != 0):
-        text = str(data.get("error") or data.get("stderr") or f"exit code {code}")
-        return failure(text, True) or text
+    status = str(data.get("status", "")).lower()
+    failed = data.get("ok") is False or data.get("success") is False
+    failed = failed or status in ("error", "failed", "failure", "fail")
+    error = data.get("error")
+    if isinstance(error, dict):  # {"error": {"code": ..., "message": ...}}
+        error = error.get("message") or error.get("detail") or json.dumps(error)
+    if error or failed or (isinstance(code, int) and code != 0):
+        said = error or data.get("message") or data.get("detail") or data.get("stderr")
+        said = str(said or f"exit code {code}")
+        return failure(said, True) or said
     return ""
 
 
@@ -217,8 +239,8 @@ def outcome(output: str) -> str:
     return f"{len(lines)} lines"
 
 
-def notes(output: str) -> list[Fact]:
-    """The facts stated by the lines of an output written for a reader, not its data.
+def notes(output: str) -> list[Fact | Note]:
+    """The facts, and notes, stated by the lines of an output written for a reader.
 
     Those are short prose lines, lines marked as notes or settings, ``key: value``
     lines with a comment saying what they are, and ``key: value`` lines standing
@@ -226,22 +248,83 @@ def notes(output: str) -> list[Fact]:
     """
     lines = output.splitlines()
     texts = [_plain(line) for line in lines]
-    found: list[Fact] = []
+    found: list[Fact | Note] = []
     for i, text in enumerate(texts):
         if not text:
+            found += _data_notes(lines[i])
+            continue
+        if len(text.split()) > _LONG:  # prose: each sentence on its own
+            found += [f for sentence in _SENTENCE.split(text) for f in _noted(sentence, lines[i])]
             continue
         hint = _HINT.search(text)
         body = text[: hint.start()].strip() if hint else text
         subject = ((hint["a"] or hint["b"]) if hint else "").removeprefix("the ").strip()
+        if was := _HINT_WAS.match(subject):  # "x: 5  # was 4, changed 2025-06-21"
+            said = note(f"{body} (was {was['old']})", user=False, tool=True)
+            if said is not None:  # kept as written: it replaces what it says it was
+                said.entry.shape = shape(lines[i])
+                found.append(said._replace(changed=True))
+            continue
         marked = _MARK.match(_LISTING.sub("", lines[i]).lstrip()) is not None
         pair = _KEY_VALUE.match(body)
+        facts: list[Fact] = []
         if _PROSE.search(body) or (marked and is_statement(body)):
-            found += prose_facts(body, subject)  # "note: the release is set for May 3", "> Never X"
+            facts = prose_facts(body, subject)  # "note: the release is set for May 3", "> Never X"
         elif pair and (subject or _settinglike(pair["key"], body)):
             near = [texts[j] or "" for j in (i - 1, i + 1) if 0 <= j < len(texts)]
             if subject or marked or not any(_KEY_VALUE.match(t) for t in near):
-                found += _pair_facts(subject or pair["key"], pair["value"].strip())
+                facts = _pair_facts(subject or pair["key"], pair["value"].strip())
+        said = note(text, user=False, tool=True)
+        if not facts and said is not None and (not pair or _described(pair["key"])):
+            said.entry.shape = shape(lines[i])
+            found.append(said)
+            continue
+        for fact in facts:
+            fact.entry.shape = shape(lines[i])
+            fact.entry.weight = max(fact.entry.weight, said.entry.weight if said else 0)
+        found += facts
     return found
+
+
+def _noted(text: str, line: str) -> list[Note]:
+    """The note ``text`` (a sentence of a line of output) makes, with that line's shape."""
+    said = note(text, user=False, tool=True)
+    if said is None:
+        return []
+    said.entry.shape = shape(line)
+    return [said]
+
+
+def _data_notes(line: str) -> list[Note]:
+    """The note a line of data makes, when it says what a value is.
+
+    A JSON field or a log line's ``key=value`` whose key is a phrase
+    ("hotel_group_code"), a log line's prose ("resolved the batch size to 512"),
+    a diff line, and a table row with a label cell ("| The payment run | PR-22 |").
+    """
+    body = _DIFF.sub("", _LOGGED_AT.sub("", line.strip()))
+    field = _FIELD.match(body) or _LOGGED_PAIR.match(body)
+    if field is not None:
+        key = field["k"].replace("_", " ").strip()
+        if _described(key):
+            return _noted(f"{key}: {field['v']}", line)
+        return _noted(field["v"], line) if len(field["v"].split()) >= 4 else []  # prose
+    if body.count("|") >= 2:
+        cells = [c.strip() for c in body.strip("|").split("|")]
+        for j, cell in enumerate(cells[:-1]):
+            value = cells[j + 1]
+            if _LABEL.fullmatch(cell) and value and value != "-" and not _LABEL.fullmatch(value):
+                was = cells[j + 2] if j + 2 < len(cells) and cells[j + 2].startswith("was ") else ""
+                return _noted(f"{cell}: {value}" + (f" ({was})" if was else ""), line)
+        return []
+    if body != line.strip() and len(body.split()) >= 3 and not _CODE.search(body):
+        return _noted(body, line)
+    return []
+
+
+def _described(key: str) -> bool:
+    """Whether a key names what its value is: a phrase ("hotel group code"), not "port"."""
+    return len(re.findall(r"[A-Za-z]+", key)) >= 2
 
 
 def _settinglike(key: str, body: str) -> bool:
@@ -274,4 +357,4 @@ def _plain(line: str) -> str | None:
     if _CODE.search(text):
         return None
     text = _PREFIX.sub("", text.strip()).strip()
-    return text if 2 <= len(text.split()) <= 30 else None
+    return text if len(text.split()) >= 2 else None

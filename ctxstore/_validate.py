@@ -21,8 +21,10 @@ __all__ = [
     "check_entry_id",
     "check_idempotency_keys",
     "check_int",
+    "check_label",
     "check_messages",
     "check_model",
+    "check_numbered_id",
     "check_seconds",
     "check_usage",
     "encodable",
@@ -147,20 +149,45 @@ def encodable(text: str) -> bool:
     return True
 
 
+def check_label(value: object, name: str, *, session: str | None = None) -> str:
+    """Return ``value`` if it is 1 to 200 printable characters (a model's or a checkpoint's name).
+
+    Raises:
+        InvalidInputError: Anything else.
+    """
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= 200
+        or not value.isprintable()
+        or not encodable(value)
+    ):
+        raise InvalidInputError(f"{name} must be 1 to 200 printable characters", session=session)
+    return value
+
+
 def check_model(model: object) -> str:
     """Return ``model`` if it can name a model (1 to 200 printable characters).
 
     Raises:
         InvalidInputError: Anything else.
     """
-    if (
-        not isinstance(model, str)
-        or not 0 < len(model) <= 200
-        or not model.isprintable()
-        or not encodable(model)
-    ):
-        raise InvalidInputError("model must be a model's name: 1 to 200 printable characters")
-    return model
+    return check_label(model, "model (a model's name)")
+
+
+def check_numbered_id(value: object, prefix: str, what: str, session: str | None = None) -> str:
+    """Return ``value`` if it is ``<prefix>-<number>`` (a checkpoint's ``cp-3``, a branch's).
+
+    Raises:
+        InvalidInputError: Anything else.
+    """
+    # At most 13 digits: the scripts count them in Lua numbers, which print the next one
+    # in exponent form from 1e14 on ("cp-1e+14").
+    if not isinstance(value, str) or re.fullmatch(prefix + r"-[1-9][0-9]{0,12}", value) is None:
+        shown = repr(value[:64]) if isinstance(value, str) else type(value).__name__
+        raise InvalidInputError(
+            f"a {what} id is {prefix}-<number> (e.g. {prefix}-1), not {shown}", session=session
+        )
+    return value
 
 
 def check_usage(view: Any, input_tokens: object, overhead_tokens: object, model: object) -> int:

@@ -29,6 +29,7 @@ from ctxstore._keys import (
     tenant_deleted_key,
     tenant_pending_keys,
     tenant_ratios_key,
+    tenant_segments_key,
     tenant_sessions_key,
     validate_id,
 )
@@ -52,9 +53,10 @@ before Redis 7.2 and ignored when refused.)"""
 
 STORE = (
     "del", "exec", "exists", "fcall", "get", "hdel", "hexists", "hget", "hgetall",
-    "hincrby", "hkeys", "hmget", "hset", "multi", "discard", "persist", "pexpire", "pttl",
-    "rename", "sadd", "set", "time", "wait", "xadd", "xdel", "xrange", "xrevrange", "zadd", "zcard",
-    "zrange", "zrangebyscore", "zremrangebyscore", "zrem", "zrevrangebyscore", "zscore",
+    "hincrby", "hkeys", "hlen", "hmget", "hset", "hvals", "multi", "discard", "persist",
+    "pexpire", "pttl", "rename", "sadd", "set", "time", "wait", "xadd", "xdel", "xlen", "xrange",
+    "xrevrange", "zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zrem",
+    "zrevrangebyscore", "zscan", "zscore",
 )  # fmt: skip
 """The SDK's commands (WAIT for ``replica_acks``, FCALL for ``script_mode=functions``),
 and those its Lua scripts call (TIME, RENAME and HEXISTS among them)."""
@@ -144,14 +146,15 @@ def users(
             AclUser(
                 name,
                 passwords[name],
-                # The tenant's sessions ({tenant:session}), its index and the index's
-                # pending reservations ({tenant}).
+                # The tenant's sessions ({tenant:session}, their segments too), its index,
+                # the index's pending reservations and its segments' registry ({tenant}).
                 (
                     f"{prefix}:{{{tenant}:*",
                     tenant_sessions_key(prefix, tenant),
                     *tenant_pending_keys(prefix, tenant),
                     tenant_deleted_key(prefix, tenant),
                     tenant_ratios_key(prefix, tenant),
+                    tenant_segments_key(prefix, tenant),
                 ),
                 CONNECTION + STORE,
                 # Its quotas are the operator's: readable, not writable.

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,11 +45,14 @@ from ctxstore._codec import (
     text,
 )
 from ctxstore._formats import entry_order
+from ctxstore._growth import grow
 from ctxstore._keys import SessionKeys
 from ctxstore._scope import Memo, Scope
 from ctxstore._scripts import SCRIPTS
+from ctxstore._warm_views import WarmViews, _Warm, held_size
 from ctxstore.budget import Budget
 from ctxstore.errors import EpochChangedError
+from ctxstore.lineage import Chain, Lineage, Row
 from ctxstore.models import RequestView, ViewStats
 from ctxstore.tokens import count_message
 from ctxstore.view import Shape, ViewPlan, form_cost, plan_anchored
@@ -60,8 +62,6 @@ __all__ = ["Snapshot", "Viewer", "WarmViews"]
 _ATTEMPTS = 4
 _WARM_LIMIT = 256
 """The most new entries a warm read takes; past that, the view reads as a cold pod does."""
-_ENTRY_OVERHEAD = 160
-"""Bytes a cached entry costs beside its data (the object, its id), for the byte budget."""
 
 
 @dataclass(slots=True)
@@ -73,95 +73,20 @@ class Snapshot:
     tokens: int
     unsummarized: int = 0
     summary_due: bool = False
-    summary_idle: bool = False  # the last job found nothing to cover, and nothing changed since
+    summary_idle: int | None = None  # the tokens when the last job found nothing to cover
     protected: list[Entry] = field(default_factory=list)
     anchor: Anchor | None = None
     tail: list[Entry] = field(default_factory=list)  # oldest first
-    complete: bool = False  # the tail starts at the first entry
+    complete: bool = False  # the tail starts at the first entry of the history
+    base: bytes | None = None  # the history's chain ends here: older entries are in segments
     read: int = 0
     life: bytes | None = None  # meta's life token: a session written again after it expired
     keep_version: bytes | None = None  # meta's version of the protected copies
     anchor_raw: bytes | None = None  # the anchor as stored (its value, not its body)
     warm: bool = False  # read as a warm pod reads: only what was new
-
-
-@dataclass(frozen=True, slots=True)
-class _Warm:
-    """What a pod keeps of its last view of a session, for one budget."""
-
-    epoch: int
-    life: bytes | None
-    keep_version: bytes | None
-    count: int
-    protected: tuple[Entry, ...]
-    anchor_raw: bytes | None
-    anchor: Anchor | None
-    tail: tuple[Entry, ...]
-    complete: bool
-    size: int
-
-
-class WarmViews:
-    """The sessions a process viewed last, in a byte budget: the least recently used go first.
-
-    Shared by every tenant's store on one connection (``for_tenant``); keyed by
-    tenant, session and budget. Only ever a shortcut: every use is validated
-    against Redis in the same round trip that reads what is new.
-
-    Args:
-        limit: The most bytes of message data kept (``0``: nothing is kept).
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.bytes = 0
-        self._items: OrderedDict[tuple[str, str, int], _Warm] = OrderedDict()
-        self._sizes: dict[tuple[str, str], set[int]] = {}
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, tenant: str, session: str, size: int) -> _Warm | None:
-        """The copy kept for this view, marked as just used, or ``None``."""
-        key = (tenant, session, size)
-        warm = self._items.get(key)
-        if warm is not None:
-            self._items.move_to_end(key)
-        return warm
-
-    def put(self, tenant: str, session: str, size: int, warm: _Warm) -> None:
-        """Keep ``warm``; the least recently used go until the rest fits.
-
-        A copy over a quarter of the budget is not kept.
-        """
-        self.discard(tenant, session, size)
-        if warm.size > self.limit // 4:
-            return
-        key = (tenant, session, size)
-        self._items[key] = warm
-        self._sizes.setdefault((tenant, session), set()).add(size)
-        self.bytes += warm.size
-        while self.bytes > self.limit:
-            old_tenant, old_session, old_size = next(iter(self._items))
-            self.discard(old_tenant, old_session, old_size)
-
-    def discard(self, tenant: str, session: str, size: int | None = None) -> None:
-        """Forget one view of a session, or (``size`` None) every view of it."""
-        sizes = self._sizes.get((tenant, session))
-        if not sizes:
-            return
-        for each in [size] if size is not None else list(sizes):
-            warm = self._items.pop((tenant, session, each), None)
-            if warm is not None:
-                self.bytes -= warm.size
-                sizes.discard(each)
-        if not sizes:
-            del self._sizes[(tenant, session)]
-
-    def discard_tenant(self, tenant: str) -> None:
-        """Forget every view of a tenant's sessions."""
-        for owner, session in [k for k in self._sizes if k[0] == tenant]:
-            self.discard(owner, session)
+    held: ViewPlan | None = None  # a warm pod's last plan, on this same anchor
+    new: list[Entry] = field(default_factory=list)  # what a warm read found after its copy
+    held_size: int | None = None  # the bytes of that copy
 
 
 class Viewer:
@@ -172,17 +97,25 @@ class Viewer:
         warm: The process's kept views (shared by its tenants).
     """
 
-    def __init__(self, scope: Scope, warm: WarmViews) -> None:
+    def __init__(self, scope: Scope, warm: WarmViews, lineage: Lineage) -> None:
         self._scope = scope
         self.warm = warm
+        self._lineage = lineage
         self._counts: Memo[tuple[str, int], int] = Memo()  # entries the last view read
+        self._starts: Memo[tuple[str, int], str] = Memo()  # where the last view started
         self._sizes: Memo[bytes, int] = Memo()  # a message's digest -> its tokens as sent
 
     @property
     def shape(self) -> Shape:
         """The view's shape, from the settings."""
         s = self._scope.settings
-        return Shape(s.view_low_water, s.view_summary_share, s.view_full_share)
+        return Shape(
+            s.view_low_water,
+            s.view_summary_share,
+            s.view_full_share,
+            s.view_step_calls,
+            min(s.view_low_water_floor, s.view_low_water),
+        )
 
     async def view(self, session: str, budget: Budget) -> tuple[RequestView, Snapshot]:
         """The request view for ``budget``, and the snapshot it was planned from.
@@ -194,15 +127,21 @@ class Viewer:
         size = budget.cl100k
         shape = self.shape
         for _ in range(_ATTEMPTS):
-            snap = await self._snapshot(session, keys, size)
-            plan, _ = self._plan(snap, size, shape, levels=None)
-            if plan is None:
-                plan = await self._step(session, keys, snap, size, shape)
+            try:
+                snap = await self._snapshot(session, keys, size)
+                plan = self._grow(snap, size, shape)
                 if plan is None:
-                    continue  # the history changed under the step: read again
+                    plan, _ = self._plan(snap, size, shape, levels=None)
+                if plan is None:
+                    plan = await self._step(session, keys, snap, size, shape)
+            except (_Relayout, EpochChangedError):
+                continue  # a fork froze the log, or a rewrite came between the reads
+            if plan is None:
+                continue  # the history changed under the step: read again
             if not snap.warm:  # a warm pod's next view reads only what is new
                 self._guess_next_read(session, size, snap, plan)
-            self._keep_warm(session, size, snap)
+            self._starts.put((session, size), snap.anchor.start if snap.anchor else "")
+            self._keep_warm(session, size, snap, plan)
             return self._result(plan, snap, budget), snap
         raise EpochChangedError(-1, -1, tenant=self._scope.tenant, session=session, key=keys.anchor)
 
@@ -224,12 +163,27 @@ class Viewer:
         needed = sum(1 for e in snap.tail if entry_order(e.entry_id) >= first)
         self._counts.put((session, size), needed + max(8, needed // 4))
 
-    def _keep_warm(self, session: str, size: int, snap: Snapshot) -> None:
-        """Keep what this view read, from its anchor's start on, for the next view."""
+    def _grow(self, snap: Snapshot, size: int, shape: Shape) -> ViewPlan | None:
+        """A warm view's plan grown from its last one (:func:`grow`), or ``None``: plan it."""
+        if snap.held is None or snap.read != len(snap.new):
+            return None  # no plan on this anchor, or the read reached back further
+        return grow(
+            snap.held,
+            snap.tail,
+            snap.new,
+            size,
+            anchor=snap.anchor,
+            complete=snap.complete,
+            shape=shape,
+        )
+
+    def _keep_warm(self, session: str, size: int, snap: Snapshot, plan: ViewPlan) -> None:
+        """Keep what this view read, from its anchor's start on, and its plan, for the next view."""
         if not self.warm.limit or not snap.tail:
             return
         tail = snap.tail
         complete = snap.complete
+        cut = 0
         if snap.anchor is not None and snap.anchor.start and tail[0].entry_id != snap.anchor.start:
             start = entry_order(snap.anchor.start)
             cut = next(
@@ -237,8 +191,10 @@ class Viewer:
             )
             if cut:
                 tail, complete = tail[cut:], False
-        entries = (*snap.protected, *tail)
-        held = sum(len(e.data) + len(e.preview_data or b"") for e in entries)
+        if snap.held_size is not None and not cut and snap.read == len(snap.new):
+            held = snap.held_size + held_size(snap.new)  # the copy it read, and what was new
+        else:
+            held = held_size(snap.protected) + held_size(tail)
         warm = _Warm(
             epoch=snap.epoch,
             life=snap.life,
@@ -249,7 +205,8 @@ class Viewer:
             anchor=snap.anchor,
             tail=tuple(tail),
             complete=complete,
-            size=held + _ENTRY_OVERHEAD * len(entries),
+            size=held,
+            plan=plan,
         )
         self.warm.put(self._scope.tenant, session, size, warm)
 
@@ -341,13 +298,17 @@ class Viewer:
         A pod that viewed the session before reads only what is new
         (:meth:`_warm_snapshot`). Otherwise the tail is read newest first:
         back to the anchor's start (or, with no anchor, back to a budget's
-        worth), as many entries as this process found last time (or as the
-        budget should hold).
+        worth): back to where this process's last view of it started, if it
+        has one (an anchor moves forward only, so that is no further back
+        than needed, unless a replace dropped it), else as many entries as
+        the budget should hold.
         """
-        warm = self.warm.get(self._scope.tenant, session, size) if self.warm.limit else None
+        tenant = self._scope.tenant
+        warm = self.warm.get(tenant, session, size) if self.warm.limit else None
         snap = await self._warm_snapshot(session, keys, size, warm) if warm else None
         if snap is None:
-            snap = await self._cold_snapshot(session, keys, size)
+            held = warm or (self.warm.any(tenant, session) if self.warm.limit else None)
+            snap = await self._cold_snapshot(session, keys, size, held)
         start = entry_order(snap.anchor.start) if snap.anchor and snap.anchor.start else None
         shape = self.shape
         while not snap.complete and not _reached(snap, start, size, shape):
@@ -364,35 +325,59 @@ class Viewer:
             tokens=int(meta[2] or 0),
             unsummarized=int(meta[2] or 0) - int(meta[3] or 0),
             summary_due=meta[4] == b"1",
-            summary_idle=meta[5] is not None,
+            summary_idle=None if meta[5] is None else int(meta[5]),
             life=meta[6],
             keep_version=meta[7],
+            base=meta[8] or None,
         )
 
-    async def _cold_snapshot(self, session: str, keys: SessionKeys, size: int) -> Snapshot:
-        """Read the counters, protected copies, anchor and newest entries in one MULTI/EXEC."""
+    async def _cold_snapshot(
+        self, session: str, keys: SessionKeys, size: int, held: _Warm | None = None
+    ) -> Snapshot:
+        """Read the counters, protected copies, anchor and newest entries in one MULTI/EXEC.
+
+        The protected copies are read once per change: a pod that keeps another
+        copy of the session (``held``: this view's, invalid now, or another
+        budget's) takes them from it if the epoch, the life and the keep
+        version are still the session's, and reads them again (one more round
+        trip) if not.
+        """
         connection, codec = self._scope.connection, self._scope.codec
         count = self._counts.get((session, size)) or max(8, size // 150)
-        meta, keep, anchor, rows = await connection.transaction(
+        start = self._starts.get((session, size))
+        if start:
+            count *= 2  # only a cap: the read stops at the last view's start
+        meta, *keep, anchor, rows = await connection.transaction(
             [
                 ("HMGET", keys.meta, *_META),
-                ("HGETALL", keys.keep),
+                *([("HGETALL", keys.keep)] if held is None else []),
                 ("HMGET", keys.anchor, size, f"{size}:s"),
-                ("XREVRANGE", keys.log, "+", "-", "COUNT", count),
+                ("XREVRANGE", keys.log, "+", start or "-", "COUNT", count),
             ],
             session=session,
             key=keys.log,
         )
         snap = self._counters(meta)
-        snap.protected = sorted(
-            (codec.kept(session, text(k), v) for k, v in raw_pairs(keep)),
-            key=lambda e: entry_order(e.entry_id),
-        )
-        snap.read = len(snap.protected)
+        if held is None:
+            snap.protected = sorted(
+                (codec.kept(session, text(k), v) for k, v in raw_pairs(keep[0])),
+                key=lambda e: entry_order(e.entry_id),
+            )
+            snap.read = len(snap.protected)
+        elif (snap.epoch, snap.life, snap.keep_version) == (
+            held.epoch,
+            held.life,
+            held.keep_version,
+        ):
+            snap.protected = list(held.protected)
+        else:
+            return await self._cold_snapshot(session, keys, size)
         self._set_anchor(session, snap, anchor[0], anchor[1])
         newest_first = [codec.entry(session, row) for row in rows]
         snap.read += len(rows)
-        snap.complete = len(rows) < count
+        # Short of the count, the read reached the log's first entry, unless it stopped at
+        # the last view's start; a history that starts in segments goes on past the log.
+        snap.complete = len(rows) < count and not start and not snap.base
         snap.tail = newest_first[::-1]
         return snap
 
@@ -424,7 +409,9 @@ class Viewer:
             [
                 ("HMGET", keys.meta, *_META),
                 ("HGET", keys.anchor, size),
-                ("XRANGE", keys.log, low, "+", "COUNT", _WARM_LIMIT),
+                # Newest first, from the stream's end: XRANGE from an id would walk the
+                # last node's entries up to it (a stream node holds up to 200).
+                ("XREVRANGE", keys.log, "+", low, "COUNT", _WARM_LIMIT),
             ],
             session=session,
             key=keys.log,
@@ -438,8 +425,10 @@ class Viewer:
             or snap.count != warm.count + len(rows)
         ):
             return None
+        snap.new = [codec.entry(session, row) for row in reversed(rows)]
         if (anchor or None) == warm.anchor_raw:
             snap.anchor, snap.anchor_raw = warm.anchor, warm.anchor_raw
+            snap.held = warm.plan
         else:
             value, body = await connection.transaction(
                 [("HGET", keys.anchor, size), ("HGET", keys.anchor, f"{size}:s")],
@@ -450,7 +439,8 @@ class Viewer:
                 return None  # moved again meanwhile
             self._set_anchor(session, snap, value, body)
         snap.protected = list(warm.protected)
-        snap.tail = [*warm.tail, *(codec.entry(session, row) for row in rows)]
+        snap.held_size = warm.size
+        snap.tail = [*warm.tail, *snap.new]
         snap.complete = warm.complete
         snap.read = len(rows)
         snap.warm = True
@@ -468,11 +458,16 @@ class Viewer:
             return
         count = min(max(len(snap.tail), 8) * 2, 10_000)
         low = "(" + snap.tail[0].entry_id if snap.tail else "+"
-        epoch, rows = await self._scope.connection.transaction(
-            [("HGET", keys.meta, Meta.EPOCH), ("XREVRANGE", keys.log, low, "-", "COUNT", count)],
+        (epoch, base, chain), rows = await self._scope.connection.transaction(
+            [
+                ("HMGET", keys.meta, Meta.EPOCH, Meta.BASE, Meta.CHAIN),
+                ("XREVRANGE", keys.log, low, "-", "COUNT", count),
+            ],
             session=session,
             key=keys.log,
         )
+        if (base or None) != snap.base and int(epoch or 0) == snap.epoch:
+            raise _Relayout  # a fork froze the log: the same history, in another place
         if int(epoch or 0) != snap.epoch:
             raise EpochChangedError(
                 snap.epoch,
@@ -481,9 +476,15 @@ class Viewer:
                 session=session,
                 key=keys.meta,
             )
-        snap.read += len(rows)
-        snap.complete = len(rows) < count
-        older = [self._scope.codec.entry(session, row) for row in rows]
+        found: list[Row] = [(session, row) for row in rows]
+        if len(rows) < count and base:
+            # The log is read to its start: the older entries are in the chain's segments
+            # (they never change: read in round trips of their own, from their slots).
+            before = text(rows[-1][0]) if rows else (snap.tail[0].entry_id if snap.tail else "")
+            found += await self._lineage.older(Chain.parse(chain), before, count - len(rows))
+        snap.read += len(found)
+        snap.complete = len(found) < count
+        older = [self._scope.codec.entry(owner, row) for owner, row in found]
         snap.tail = older[::-1] + snap.tail
 
     def _result(self, plan: ViewPlan, snap: Snapshot, budget: Budget) -> RequestView:
@@ -498,14 +499,15 @@ class Viewer:
             protected_tokens=plan.protected_tokens,
             summary_used=plan.summary_used,
             summary_covers=plan.summary_covers,
-            offloaded=plan.offloaded,
-            repairs=plan.repairs,
+            offloaded=list(plan.offloaded),
+            repairs=list(plan.repairs),
             over_budget=plan.over_budget,
             epoch=snap.epoch,
             entries_read=snap.read,
         )
         stats.compacted = bool(stats.dropped or stats.offloaded or stats.summary_used)
-        return RequestView(plan.messages, stats)
+        # Lists of the caller's own: the plan is kept for the next view (:meth:`_grow`).
+        return RequestView(list(plan.messages), stats)
 
 
 _META = (
@@ -517,8 +519,13 @@ _META = (
     Meta.IDLE,
     Meta.LIFE,
     Meta.KEEP_VERSION,
+    Meta.BASE,
 )
 """The counters every view reads (see :meth:`Viewer._counters`)."""
+
+
+class _Relayout(Exception):
+    """The live log was frozen under a read (a fork): read the view again."""
 
 
 def _raw_cost(snap: Snapshot, size: int, shape: Shape) -> int:

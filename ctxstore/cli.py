@@ -7,6 +7,11 @@ ctxstore sessions [--tenant T]          a tenant's sessions, most recent first
 ctxstore status SESSION                 a session's counters, summary and jobs
 ctxstore view SESSION [--budget N]      the request view a model would get, and its stats
 ctxstore search SESSION QUERY           the best matches in a session's whole history
+ctxstore checkpoint SESSION [--list]    record (or list) where a session is
+ctxstore rewind SESSION TO              end its history at a checkpoint or an entry
+ctxstore fork SESSION NEW [--at ID]     a new session from its history
+ctxstore export SESSION|--all [--out F] JSON Lines; ctxstore import F reads them back
+ctxstore compact SESSION                queue a summary now and wait for it
 ctxstore limits [--sessions N] [--unset NAME]   the limits in force; set or unset one
 ctxstore forget --tenant T --dry-run|--yes      delete every session of a tenant
 ctxstore sweep                          queue the summaries whose job was lost or failed
@@ -52,6 +57,7 @@ if TYPE_CHECKING:
 
 from ctxstore._cli_args import LIMIT_FLAGS, LIMITS, LISTED_MAX, check_args
 from ctxstore._cli_args import parser as _parser
+from ctxstore._cli_history import COMMANDS as HISTORY_COMMANDS
 
 __all__ = ["LIMITS", "LIMIT_FLAGS", "main"]
 
@@ -492,6 +498,7 @@ def _write_private(path: str, text: str) -> None:
 
 
 _COMMANDS = {
+    **HISTORY_COMMANDS,
     "acl": _acl,
     "embedded": _embedded,
     "forget": _forget,
@@ -506,6 +513,7 @@ _COMMANDS = {
 
 _CONNECTING = frozenset(
     {"forget", "limits", "search", "sessions", "status", "sweep", "view", "worker"}
+    | frozenset(HISTORY_COMMANDS)
 )
 """Commands that connect to the store's Redis (``functions load`` too)."""
 

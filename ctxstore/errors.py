@@ -5,8 +5,10 @@ CtxstoreError                     root: catch this to catch everything ctxstore 
 ├── ConfigurationError (ValueError) settings or a URL that cannot work
 ├── InvalidInputError (ValueError) bad input refused before anything is written
 │   ├── InvalidIdError            a tenant or session id that could escape its key
-│   └── InvalidMessageError       a malformed message, unknown role, orphan field...
-│       └── MessageTooLargeError  a message over the size cap (also a QuotaExceededError)
+│   ├── InvalidMessageError       a malformed message, unknown role, orphan field...
+│   │   └── MessageTooLargeError  a message over the size cap (also a QuotaExceededError)
+│   ├── EntryNotFoundError        a checkpoint, branch or entry id the session does not hold
+│   └── MalformedArchiveError     an export's line that cannot be imported (its line number)
 ├── QuotaExceededError            a tenant quota would be exceeded; nothing was written
 ├── ConflictError                 an expected sequence number was stale
 │   └── EpochChangedError         a replace or clear came between two reads of one history
@@ -15,6 +17,7 @@ CtxstoreError                     root: catch this to catch everything ctxstore 
 │   └── LeaseLostError            ours expired or was taken over: our write was refused
 ├── BudgetExceededError           what must be kept is larger than the token budget
 ├── SessionNotFoundError          the session has no messages and no metadata
+├── SessionExistsError            a fork or import would write over a session that exists
 ├── CorruptEntryError             a stored entry that cannot be decoded
 │   └── DecryptionError           an encrypted value the keyring cannot open
 ├── SummarizerError               the summarizer failed (bad request, malformed answer)
@@ -39,6 +42,7 @@ __all__ = [
     "CorruptEntryError",
     "CtxstoreError",
     "DecryptionError",
+    "EntryNotFoundError",
     "EpochChangedError",
     "ForgetIncompleteError",
     "InvalidIdError",
@@ -47,10 +51,12 @@ __all__ = [
     "LeaseError",
     "LeaseHeldError",
     "LeaseLostError",
+    "MalformedArchiveError",
     "MessageTooLargeError",
     "PermissionDeniedError",
     "QuotaExceededError",
     "ReplicationError",
+    "SessionExistsError",
     "SessionNotFoundError",
     "StoreError",
     "StoreUnavailableError",
@@ -123,12 +129,36 @@ class InvalidMessageError(InvalidInputError):
         CtxstoreError.__init__(self, prefix + message, tenant=tenant, session=session, key=key)
 
 
+class EntryNotFoundError(InvalidInputError):
+    """A checkpoint, branch or entry id that is not in the session (or not in its history)."""
+
+
+class MalformedArchiveError(InvalidInputError):
+    """A line of an export that cannot be imported; nothing of its session was written.
+
+    Attributes:
+        line: The line's number in the input, from 1.
+    """
+
+    def __init__(
+        self,
+        line: int,
+        message: str,
+        *,
+        tenant: str | None = None,
+        session: str | None = None,
+    ) -> None:
+        self.line = line
+        super().__init__(f"line {line}: {message}", tenant=tenant, session=session)
+
+
 class QuotaExceededError(CtxstoreError):
     """A write that would take the tenant past one of its quotas; nothing was written.
 
     Attributes:
         quota: Which quota: ``message_bytes``, ``session_bytes``,
-            ``session_tokens``, ``sessions`` or ``appends_per_second``.
+            ``session_tokens``, ``sessions``, ``appends_per_second`` or
+            ``checkpoints``.
         limit: The quota.
         value: What the write would have made it.
     """
@@ -280,6 +310,10 @@ class BudgetExceededError(CtxstoreError):
 
 class SessionNotFoundError(CtxstoreError):
     """The session has no messages and no metadata."""
+
+
+class SessionExistsError(CtxstoreError):
+    """A fork or an import would write over a session that already exists; nothing was written."""
 
 
 class CorruptEntryError(CtxstoreError):

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ctxstore._keys import SessionKeys
     from ctxstore._scope import Scope
 
-__all__ = ["Clock", "Lease", "LeaseKind", "clock_arg", "take_lease"]
+__all__ = ["Clock", "Lease", "LeaseKind", "clock_arg", "fenced", "take_lease"]
 
 LeaseKind = Literal["write", "summary"]
 
@@ -276,3 +276,26 @@ async def take_lease(
         kind=kind,
         clock=scope.clock,
     )
+
+
+@contextlib.asynccontextmanager
+async def fenced(scope: Scope, session: str, lease: Lease | None) -> AsyncIterator[Lease]:
+    """The write lease a fenced write (replace, clear, rewind) runs under.
+
+    The one given (if it can still write), else one taken here; a lease taken
+    here is given back when the block raises, unless it was lost or the write
+    consumed it (:meth:`Lease.consumed`). A lease given stays the caller's.
+
+    Raises:
+        LeaseLostError: The lease given was consumed by an earlier write, or given back.
+        LeaseHeldError: Another holder kept the lease for longer than we would wait.
+    """
+    if lease is not None and lease.released:
+        raise lease.mark_lost()  # consumed by an earlier write, or given back
+    held = lease or await take_lease(scope, session, kind="write")
+    try:
+        yield held
+    except BaseException:
+        if lease is None and not held.released and not held.lost:
+            await held.release()
+        raise

@@ -24,9 +24,10 @@ another wrote), the previous ledger is read back line by line.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from functools import lru_cache
 from typing import Any
@@ -52,14 +53,22 @@ from ctxstore._facts import (
     valueish,
 )
 from ctxstore._narrative import NARRATIVE, Story, fit_narrative
+from ctxstore._notes import Note, note
+from ctxstore._shapes import Shapes, shape
+from ctxstore._shapes import values as spans
 from ctxstore._turns import OUTCOME, failure, notes, outcome, reported, turn
 from ctxstore.models import Summary
 from ctxstore.tokens import TiktokenCounter, TokenCounter
 
-__all__ = ["HEADER", "NARRATIVE", "LocalSummarizer"]
+__all__ = ["HEADER", "MORE", "NARRATIVE", "LocalSummarizer"]
 
 HEADER = 'Ledger (current values; "was" marks a replaced one):'
 """The ledger's first line; it tells this summarizer's text from another's."""
+MORE = "More facts (referred to less):"
+"""The first line of the facts level 2 adds to the ledger."""
+_MORE_SHARE = 0.6
+"""Of what level 2 adds to the ledger, the most its further facts take; the narrative
+has the rest (and what they leave)."""
 
 
 # Heading and eviction weight, in render order: constraints and decisions outrank
@@ -83,6 +92,12 @@ _ATTRIBUTES = ENTITIES | {Kind.NUMBER}
 _FIELDS = tuple(f.name for f in fields(Entry))
 TASK = "task"  # the key of the first request, which is never evicted
 _MAX_ENTRIES = 400  # bounds the state; far more than a ledger's budget can show
+_SHAPED_LINES = 400  # lines of a tool result whose shapes are counted
+_REPEATED = 3  # a shape seen this often is a template's: what it says is data
+_TEMPLATED = 12  # how far that sinks its facts' rank (a constraint weighs 10)
+_TOLD = 5  # the weight a note needs for the narrative to tell it (``_notes``)
+_NOTES_PER_RESULT = 12  # the most notes one tool result gives
+_FAILED = 6  # the weight of a failure a tool's result reports
 # The old LocalSummarizer's lines ("- Decisions: user: ..."), read when folding its summary.
 _LEGACY = re.compile(r"^(Decisions|Errors|Facts|Requests|Tools): (?:(?:user|assistant): )?(.*)$")
 
@@ -96,6 +111,7 @@ class _Ledger:
         self.pending: dict[str, list[str]] = {}  # call id -> [tool, args]
         self.seen = 0  # messages folded so far: the next one's ordinal
         self.asked = 0  # user requests seen (the first is the task)
+        self.shapes = Shapes()  # how often each sentence's and line's shape was seen
 
     def fold(self, message: dict[str, Any], story: Story) -> None:
         """Fold one message into the entries and into the open stretch of ``story``."""
@@ -108,6 +124,7 @@ class _Ledger:
         for call_id, tool, arguments in said.calls:
             self.pending[call_id] = [tool, arguments]
         for call_id, output, flagged in said.results:
+            self.shapes.add(output.splitlines()[:_SHAPED_LINES])
             self._result(call_id, output, flagged, n, story)
         # A long output's head says what it is about; scanning all of it costs more than it tells.
         mentions = [said.text, *(r[1][:4000] for r in said.results), *(c[2] for c in said.calls)]
@@ -115,6 +132,19 @@ class _Ledger:
 
     def _read(self, text: str, user: bool, n: int, story: Story) -> None:
         said = list(statements(text))
+        shaped = [shape(sentence) for sentence, _ in said]
+        self.shapes.count(shaped)
+        noted: list[Note | None] = []
+        for (sentence, facts), form in zip(said, shaped, strict=True):
+            found = note(sentence, user=user)
+            noted.append(found)
+            if found is not None:
+                found.entry.shape = form
+            for fact in facts:
+                fact.entry.shape = form
+                fact.entry.weight = found.entry.weight if found else 0
+        request = None
+        task = user and self.asked == 0
         if user:
             # A sentence that states facts is kept as those facts, which a correction updates.
             asks = (clip(s, 200) for s, facts in said if not facts and is_request(s))
@@ -128,10 +158,20 @@ class _Ledger:
                 self.asked += 1
                 entry = Entry(Kind.REQUEST, key, request, user=True, words=words)
                 self.add(Fact(entry, None, False), n)
-        for _, facts in said:
+        asked = {request} | ({clip(first_sentence(text), 200)} if task else set())
+        for (sentence, facts), found in zip(said, noted, strict=True):
             for fact in facts:
                 fact.entry.user = user
                 self.add(fact, n, story)
+            if clip(sentence, 200) in asked:
+                continue  # the request is its own entry
+            if found is None:
+                continue
+            if not (facts and self._covered(found, n)):
+                self.note(found, n, story)
+            elif found.changed and (target := self._noted_subject(found)) is not None:
+                # Read as a fact of its own, yet it says it replaces another: that one goes.
+                self._replace(target, found, n, story)
 
     def _result(self, call_id: str, output: str, flagged: bool, n: int, story: Story) -> None:
         tool, arguments = self.pending.pop(call_id, ["a tool", ""])
@@ -152,9 +192,17 @@ class _Ledger:
         for said in dict.fromkeys([error, *reported(output)] if error else reported(output)):
             key = "error:" + re.sub(r"\d+|0x[0-9a-f]+", "#", said.lower())  # the same error again
             entry = Entry(Kind.ERROR, key, said, label, strong=True, words=content(said))
+            entry.weight = _FAILED  # a tool failed: it says so itself
             self.add(Fact(entry, None, False), n, story)
-        for fact in notes(output):
-            self.add(fact, n, story)
+        # What a template printed (its shape seen often, in this output or before) is
+        # data; of the rest, the weightiest few notes are kept: an output is mostly data.
+        read = [f for f in notes(output) if self.shapes.seen(f.entry.shape) < _REPEATED]
+        kept = sorted((f for f in read if isinstance(f, Note)), key=lambda f: -f.entry.weight)
+        for found in [f for f in read if not isinstance(f, Note)] + kept[:_NOTES_PER_RESULT]:
+            if isinstance(found, Note):
+                self.note(found, n, story)
+            else:
+                self.add(found, n, story)
 
     def add(self, fact: Fact, n: int, story: Story | None = None) -> None:
         """Fold one fact stated at message ``n``: correct, restate, merge or add an entry."""
@@ -172,7 +220,7 @@ class _Ledger:
             self._correct(target, new, old, n)
             self._sweep(target, old)
             if story is not None:
-                story.note(_rank(target)[1], _line(target))
+                story.note(self.rank(target)[1], _line(target))
             return
         target = target or self._duplicate(new)
         if target is not None:
@@ -182,9 +230,95 @@ class _Ledger:
             new.key = f"{new.key}={norm(new.value)}"
         self.entries[new.key] = new
         if story is not None:
-            story.note(_rank(new)[1], _line(new))
+            story.note(self.rank(new)[1], _line(new))
         if len(self.entries) > _MAX_ENTRIES:
-            del self.entries[min(self.entries.values(), key=_rank).key]
+            del self.entries[min(self.entries.values(), key=self.rank).key]
+
+    def note(self, found: Note, n: int, story: Story | None = None) -> None:
+        """Fold a note: as a new entry, or over the entry it says it replaces."""
+        target = self._noted_subject(found)
+        if target is None:
+            # A weak note (a value said in passing) is kept for a large level, not told.
+            told = story if found.entry.weight >= _TOLD else None
+            self.add(Fact(found.entry, None, False), n, told)
+        else:
+            self._replace(target, found, n, story)
+
+    def _replace(self, target: Entry, found: Note, n: int, story: Story | None) -> None:
+        """Overwrite ``target`` with a note, keeping the values it loses as (was X)."""
+        new = found.entry
+        gone = [v for v in named(_line(target)) if v not in new.value.lower()]
+        old = ", ".join(gone[:3]) if gone else clip(target.value, 60)
+        target.fixed = True
+        self._correct(target, new, old, n)
+        target.kind, target.weight, target.shape = new.kind, new.weight, new.shape
+        for value in gone or [old]:
+            self._sweep(target, value)
+        if story is not None:
+            story.note(self.rank(target)[1], _line(target))
+
+    def _covered(self, found: Note, n: int) -> bool:
+        """Whether the entries message ``n`` wrote state every value a note of it does."""
+        lines = " ".join(_line(e) for e in self.entries.values() if e.last == n).lower()
+        return all(v.lower() in lines for v in found.values)
+
+    def _noted_subject(self, found: Note) -> Entry | None:
+        """The entry a note gives a new value for, by its subject's words.
+
+        A note that says it replaces something ("changed", "now") needs half the
+        entry's subject; one that does not, most of both subjects and the same kind
+        of value: a later value for the same subject is the current one (but two
+        rules alike are two rules).
+        """
+        new = found.entry
+        words = set(plain(new.words)) - STOP
+        if len(words) < 2:
+            return None
+        said = new.value.lower()
+        best: tuple[int, int] | None = None
+        chosen = None
+        for entry in self.entries.values():
+            if entry.kind not in _CORRECTABLE or entry.key == TASK:
+                continue
+            subject = (set(plain(entry.words)) | set(key_of(entry.pre).split())) - STOP
+            shared = len(words & subject)
+            if shared < 2 or 2 * shared < len(subject) or norm(entry.value) in said:
+                continue
+            if not found.changed and (
+                entry.kind is not new.kind
+                or new.kind in STATEMENTS  # "don't touch a.py", "... b.py": two rules
+                or 5 * shared < 3 * len(subject | words)
+            ):
+                continue
+            if best is None or (shared, entry.last) > best:
+                best, chosen = (shared, entry.last), entry
+        if chosen is None and found.changed:
+            return self._framed(found)
+        return chosen
+
+    def _framed(self, found: Note) -> Entry | None:
+        """The latest entry stating a value in the same words as a note that says it changed.
+
+        "the new limit is after 6:45 pm" replaces "don't call me after 6:15 pm":
+        the value differs, the words either side of it do not.
+        """
+        frames = {f for v in found.values if (f := _frame(found.entry.value, v)) is not None}
+        if not frames:
+            return None
+        said = found.entry.value.lower()
+        for entry in sorted(self.entries.values(), key=lambda e: e.last, reverse=True):
+            if entry.kind not in _CORRECTABLE or entry.key == TASK:
+                continue
+            line = _line(entry)
+            for start, end in spans(line):
+                value = line[start:end]
+                if value.lower() not in said and _frame(line, value) in frames:
+                    return entry
+        return None
+
+    def rank(self, entry: Entry) -> tuple[bool, int, int, str]:
+        """Eviction order, worst first (see :func:`_rank`), a templated line's facts last."""
+        return _rank(entry, self.shapes.seen(entry.shape) if entry.shape else 0)
 
     def _holding(self, old: str, new: Entry) -> Entry | None:
         """The entry whose value a statement says it replaces ("instead of X")."""
@@ -295,6 +429,7 @@ class _Ledger:
         """The state to carry to the next fold, as JSON."""
         entries = [{f: getattr(e, f) for f in _FIELDS} for e in self.entries.values()]
         state = {"v": 1, "seen": self.seen, "asked": self.asked, "entries": entries}
+        state["shapes"] = self.shapes.counts
         pending = dict(list(self.pending.items())[-64:])  # calls whose results never came
         state |= {"tools": self.tools, "pending": pending, "open": story.open()}
         return json.dumps(state, ensure_ascii=False, separators=(",", ":"))
@@ -310,6 +445,7 @@ class _Ledger:
                 ledger.entries[entry.key] = entry
             ledger.tools, ledger.pending = dict(data["tools"]), dict(data["pending"])
             ledger.seen, ledger.asked = int(data["seen"]), int(data["asked"])
+            ledger.shapes = Shapes({str(k): int(v) for k, v in data.get("shapes", {}).items()})
             story.reopen(data["open"])
         except (ValueError, KeyError, TypeError):
             return None
@@ -327,6 +463,15 @@ def _anchors(kind: Kind, key: str, value: str, strong: bool) -> tuple[str, ...]:
     if distinct and len(lowered) >= 4:  # "16" or "ok" would match everywhere
         found.append(lowered)
     return tuple(found)
+
+
+def _frame(text: str, value: str) -> tuple[str, str] | None:
+    """The words either side of ``value`` in ``text`` ("after", "pm"); ``None`` when bare."""
+    found = re.search(rf"(\w+)\W+{re.escape(value)}\W+(\w+)", text)
+    if found is None:
+        return None
+    before, after = found[1].lower(), found[2].lower()
+    return None if before in STOP and after in STOP else (before, after)
 
 
 def _template(new: Entry, old: Entry) -> bool:
@@ -365,14 +510,18 @@ def _gist(entry: Entry, old: str) -> str:
     return " ".join(names[:4]) or clip(entry.value, 40)
 
 
-def _rank(entry: Entry) -> tuple[bool, int, int, str]:
+def _rank(entry: Entry, seen: int = 0) -> tuple[bool, int, int, str]:
     """Eviction order, worst first: never by age.
 
     The task first; then by score: the kind's weight, references (up to 5), a stated
-    subject, the user's word over the agent's, an explicit correction. On a tie the
-    earlier statement stays: the newest turns are still in the view, raw.
+    subject, the user's word over the agent's, an explicit correction; less for a fact
+    read from a sentence or line whose shape was ``seen`` often (a template's output:
+    data, whatever its words). On a tie the earlier statement stays: the newest turns
+    are still in the view, raw.
     """
     score = _KINDS[entry.kind][1] + 2 * min(entry.refs, 5) + 2 * entry.user + 2 * entry.strong
+    score += min(entry.weight, 12) // 2  # what its sentence said of it: "keep it handy"...
+    score -= _TEMPLATED if seen >= _REPEATED else 2 * (seen == _REPEATED - 1)
     # A value said in passing, with no subject ("#44783", "logs show 49"), is context.
     score -= 2 * (entry.kind in _ATTRIBUTES and not entry.strong)
     score += 3 * entry.fixed  # a correction, not a tally's new count
@@ -392,16 +541,22 @@ def _line(entry: Entry) -> str:
 # -- rendering and parsing ----------------------------------------------------------
 
 
-def _render(entries: list[Entry], budget: int, counter: TokenCounter) -> str:
-    """The ledger text: the best-ranked entries that fit ``budget`` tokens.
+def _render(
+    entries: list[Entry],
+    budget: int,
+    counter: TokenCounter,
+    rank: Callable[[Entry], Any] = _rank,
+    header: str = HEADER,
+) -> tuple[str, list[Entry]]:
+    """The ledger text: the best-ranked entries that fit ``budget`` tokens; and those entries.
 
     cl100k never merges across the start of a line, so a text's tokens are the
     sum of each line's with its newline: lines are costed one by one, exactly.
     """
     chosen: list[Entry] = []
-    used = counter.count(f"{HEADER}\n")
+    used = counter.count(f"{header}\n")
     kinds: set[Kind] = set()
-    for entry in sorted(entries, key=_rank, reverse=True):
+    for entry in sorted(entries, key=rank, reverse=True):
         cost = counter.count(f"{_bullet(entry)}\n")
         if entry.kind not in kinds and entry.key != TASK:
             cost += counter.count(f"{_KINDS[entry.kind][0]}:\n")
@@ -409,22 +564,22 @@ def _render(entries: list[Entry], budget: int, counter: TokenCounter) -> str:
             chosen.append(entry)
             used += cost
             kinds.add(entry.kind)
-    text = _layout(chosen, entries)
+    text = _layout(chosen, entries, header)
     while chosen and counter.count(text) > budget:
         chosen.pop()
-        text = _layout(chosen, entries)
-    return text if chosen else ""
+        text = _layout(chosen, entries, header)
+    return (text, chosen) if chosen else ("", [])
 
 
 def _bullet(entry: Entry) -> str:
     return f"Task: {_line(entry)}" if entry.key == TASK else f"- {_line(entry)}"
 
 
-def _layout(chosen: list[Entry], entries: list[Entry]) -> str:
+def _layout(chosen: list[Entry], entries: list[Entry], header: str = HEADER) -> str:
     """The chosen entries under their headings, each kind in the order its facts were stated."""
     picked = {id(e) for e in chosen}
     ordered = [e for e in entries if id(e) in picked]  # first seen first, as the state keeps them
-    lines = [HEADER, *(_bullet(e) for e in ordered if e.key == TASK)]
+    lines = [header, *(_bullet(e) for e in ordered if e.key == TASK)]
     for kind, (heading, _) in _KINDS.items():
         group = sorted(
             (e for e in ordered if e.kind is kind and e.key != TASK), key=lambda e: e.first
@@ -440,8 +595,8 @@ def _parse(text: str) -> tuple[_Ledger, list[str], list[str]]:
     ledger.asked, kind, section = 1, None, "foreign"
     lines = [line.strip() for line in text.splitlines()]
     for index, line in enumerate(lines):
-        if line in (HEADER, NARRATIVE):
-            section = "ledger" if line == HEADER else "narrative"
+        if line in (HEADER, MORE, NARRATIVE):
+            section = "narrative" if line == NARRATIVE else "ledger"
         elif section == "narrative" and line:
             narrative.append(line)
         elif section == "ledger" and line in _HEADINGS:
@@ -535,19 +690,44 @@ class LocalSummarizer:
         Returns:
             The new summary; its ``state`` carries the entries to the next fold.
         """
+        # Pure and CPU-bound: a long fold must not stall the worker's lease renewals.
+        return await asyncio.to_thread(
+            self._fold, previous, messages, max_tokens, ledger_tokens, further=True
+        )
+
+    def _fold(
+        self,
+        previous: Summary | None,
+        messages: Sequence[dict[str, Any]],
+        max_tokens: int,
+        ledger_tokens: int | None,
+        *,
+        further: bool,
+    ) -> Summary:
+        """Fold and render; with ``further``, level 2 starts with the facts the ledger left out."""
         ledger, story = _resume(previous)
         for message in messages:
             ledger.fold(message, story)
         default = min(600, max_tokens // 3)
         budget = min(max_tokens, default if ledger_tokens is None else ledger_tokens)
-        text = _render(list(ledger.entries.values()), budget, self._counter)
-        spare = max_tokens - (self._counter.count(f"{text}\n\n") if text else 0)
+        count = self._counter.count
+        entries = list(ledger.entries.values())
+        text, shown = _render(entries, budget, self._counter, ledger.rank)
+        spare = max_tokens - (count(f"{text}\n\n") if text else 0)
+        # Level 2: the facts the ledger had no room for, then the narrative.
+        shown_ids = {id(e) for e in shown}
+        rest = [e for e in entries if id(e) not in shown_ids]
+        room = int(spare * _MORE_SHARE) if further else 0
+        more, _ = _render(rest, room, self._counter, ledger.rank, MORE)
+        spare -= count(f"{more}\n\n") if more else 0
         lines = [*story.lines, story.bullet()]
         narrative = fit_narrative(lines, spare, self._counter)
-        while text and narrative and self._counter.count(f"{text}\n\n{narrative}") > max_tokens:
+        told = "\n\n".join(part for part in (more, narrative) if part)
+        while narrative and count(f"{text}\n\n{told}") > max_tokens:
             spare -= 4  # tokens can merge across the join: fit a little tighter
             narrative = fit_narrative(lines, spare, self._counter)
-        return Summary(text, narrative, ledger.dump(story))
+            told = "\n\n".join(part for part in (more, narrative) if part)
+        return Summary(text, told, ledger.dump(story))
 
     async def summarize(
         self, previous: str | None, messages: Sequence[dict[str, Any]], *, max_tokens: int
@@ -564,7 +744,10 @@ class LocalSummarizer:
             The new summary's text.
         """
         earlier = Summary(previous, "", None) if previous else None
-        summary = await self.summarize_levels(earlier, messages, max_tokens=max_tokens)
+        # One text has one ledger: no further facts before the narrative.
+        summary = await asyncio.to_thread(
+            self._fold, earlier, messages, max_tokens, None, further=False
+        )
         return "\n\n".join(part for part in (summary.ledger, summary.narrative) if part)
 
 

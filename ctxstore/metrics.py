@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 from ctxstore.errors import ConfigurationError, QuotaExceededError
 
@@ -49,9 +49,7 @@ __all__ = [
     "serve",
 ]
 
-Operation = Literal["append", "view", "replace", "clear", "pop", "delete", "summarize", "search"]
-"""A facade call that is timed (``operation`` label)."""
-OPERATIONS: Final[tuple[Operation, ...]] = (
+Operation = Literal[
     "append",
     "view",
     "replace",
@@ -60,7 +58,12 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     "delete",
     "summarize",
     "search",
-)
+    "checkpoint",
+    "rewind",
+    "fork",
+]
+"""A facade call that is timed (``operation`` label)."""
+OPERATIONS: Final[tuple[Operation, ...]] = get_args(Operation)
 
 LATENCY_BUCKETS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,

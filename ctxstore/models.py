@@ -29,11 +29,16 @@ from ctxstore.messages import (
 
 __all__ = [
     "AppendResult",
+    "Branch",
+    "Checkpoint",
+    "ForkResult",
     "HistoryPage",
     "ImageBlock",
+    "ImportResult",
     "Message",
     "RedactedThinkingBlock",
     "RequestView",
+    "RewindResult",
     "SessionInfo",
     "SessionSummary",
     "StoredMessage",
@@ -106,6 +111,131 @@ class StoredMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Where a session was when it was recorded: what ``rewind`` and ``fork`` can go back to.
+
+    Attributes:
+        checkpoint_id: Its id in the session (``cp-1``, ``cp-2``...).
+        entry_id: The last entry of the history then (``""``: it was empty).
+        seq: The session's sequence number then.
+        epoch: The session's epoch then.
+        count: Messages in the history then.
+        tokens: Their tokens.
+        created_ms: When it was recorded.
+        name: The name it was given, if any.
+        summary_covers: The last entry the summary in force then covered (a
+            copy of it is kept with the checkpoint), or ``None``.
+        branch: ``None`` while its entry is in the history; the id of the
+            branch holding it once a rewind abandoned it.
+        covered_tokens: The history's tokens that summary covers.
+    """
+
+    checkpoint_id: str
+    entry_id: str
+    seq: int
+    epoch: int
+    count: int
+    tokens: int
+    created_ms: int
+    name: str | None = None
+    summary_covers: str | None = None
+    branch: str | None = None
+    covered_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RewindResult:
+    """What a rewind answers.
+
+    Attributes:
+        epoch: The session's new epoch.
+        seq: Its new sequence number.
+        count: Messages in the history now.
+        abandoned: Messages that were after the entry rewound to, now in ``branch``.
+        branch: The branch holding them (``read_branch``), or ``None`` when
+            the history already ended there (nothing changed).
+    """
+
+    epoch: int
+    seq: int
+    count: int
+    abandoned: int
+    branch: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ForkResult:
+    """What a fork answers.
+
+    Attributes:
+        session: The new session.
+        source: The session it was forked from.
+        at: The entry its history ends at (``""``: the source was empty).
+        count: Messages in its history.
+        tokens: Their tokens.
+        epoch: Its epoch.
+        seq: Its sequence number.
+        copied: Entries copied into its own log (what its views read); the
+            rest of its history is shared with the source, never copied.
+    """
+
+    session: str
+    source: str
+    at: str
+    count: int
+    tokens: int
+    epoch: int
+    seq: int
+    copied: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """One session an import read.
+
+    Attributes:
+        session: The session it was written to.
+        status: ``"imported"``, or ``"unchanged"`` when the session held this
+            very import already (nothing was written).
+        count: Its messages.
+        checkpoints: Its checkpoints.
+        source: The tenant and session it was exported from (``tenant/session``).
+    """
+
+    session: str
+    status: str
+    count: int
+    checkpoints: int
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """The tail a rewind abandoned: readable until it expires or the session goes.
+
+    Attributes:
+        branch_id: Its id in the session (``br-1``, ``br-2``...).
+        at: The entry the history was rewound to (``""``: before the first).
+        end: The last entry it holds.
+        count: Messages it holds.
+        tokens: Their tokens.
+        created_ms: When the rewind made it.
+        epoch: The epoch of the history it was cut from.
+        readable: False once its entries have expired (they last the
+            session's TTL from the rewind on).
+    """
+
+    branch_id: str
+    at: str
+    end: str
+    count: int
+    tokens: int
+    created_ms: int
+    epoch: int
+    readable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryPage:
     """One page of a session's full history, oldest first.
 
@@ -151,6 +281,12 @@ class SessionInfo:
         summary_generation: The generation of the last summary job flagged.
         summary_due_since_ms: When the summary flag went up.
         summary_failed_at_ms: When the last summary job failed.
+        forked_from: The session it was forked from, if it is a fork.
+        fork_point: The entry of that session its history was forked at.
+        shared_messages: Messages of its history read from frozen segments
+            (shared with the sessions forked from, or to) rather than its own log.
+        checkpoints: Checkpoints it keeps.
+        branches: Branches (abandoned tails) it keeps.
     """
 
     tenant: str
@@ -179,6 +315,11 @@ class SessionInfo:
     summary_generation: int = 0
     summary_due_since_ms: int | None = None
     summary_failed_at_ms: int | None = None
+    forked_from: str | None = None
+    fork_point: str | None = None
+    shared_messages: int = 0
+    checkpoints: int = 0
+    branches: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +469,7 @@ class TenantLimits(BaseModel):
         appends_per_second: The sustained append rate of one session.
         append_burst: The burst that rate allows.
         ttl_seconds: Sessions expire this long after their last write.
+        checkpoints: The most checkpoints one session may keep.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -339,3 +481,4 @@ class TenantLimits(BaseModel):
     appends_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     append_burst: Annotated[int, Field(gt=0, lt=2**53)] | None = None
     ttl_seconds: Annotated[int, Field(gt=0, le=100 * 365 * 86_400)] | None = None
+    checkpoints: Annotated[int, Field(gt=0, lt=2**31)] | None = None

@@ -1,8 +1,11 @@
 """Reads: history pages, single entries, and a session's counters.
 
-The full history is read a page at a time (``XRANGE``), each page with the
-epoch it was read in, so a reader never mixes two histories. The request
-view is :mod:`ctxstore.anchor`'s.
+The full history is read a page at a time, each page with the epoch it was
+read in, so a reader never mixes two histories. A history that starts in
+frozen segments (a fork's, or after a rewind into them: :mod:`ctxstore.lineage`)
+is read from them first, in later round trips, then from the live log: the
+chain is read with the epoch, and segments never change. The request view
+is :mod:`ctxstore.anchor`'s.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from typing import Any
 from ctxstore._codec import Entry, Meta, current_covers, pairs, raw_pairs, text
 from ctxstore._formats import entry_order
 from ctxstore._keys import SessionKeys
-from ctxstore._scope import Scope
+from ctxstore._scope import Memo, Scope
 from ctxstore._validate import check_entry_id, check_int
 from ctxstore.errors import CorruptEntryError, EpochChangedError
+from ctxstore.lineage import Chain, Lineage, Row
 from ctxstore.models import HistoryPage, SessionInfo, StoredMessage
 
 __all__ = ["Reader"]
@@ -28,13 +32,66 @@ class Reader:
         scope: The tenant's scope.
     """
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, scope: Scope, lineage: Lineage) -> None:
         self._scope = scope
+        self.lineage = lineage
+        self._bases: Memo[str, str] = Memo()  # session -> its chain's end, as last read here
 
     async def page(self, session: str, *, after: str | None, limit: int) -> HistoryPage:
         """One page of the full history, oldest first (see ``ContextStore.read``)."""
         page, _ = await self._page(session, after=after, limit=limit)
         return page
+
+    async def rows(
+        self, session: str, keys: SessionKeys, after: str | None, limit: int
+    ) -> tuple[tuple[Any, Any], list[Row]]:
+        """Up to ``limit`` raw entries of the whole history after ``after`` (``None``: all).
+
+        Returns the (epoch, life) they were read in, and each row with the
+        session its values are sealed for (a segment's owner, or ``session``).
+        A page in the chain reads from the segments; the live log is read for
+        it only when the page goes on past the chain (what this process last
+        saw of the session's chain says which is likely, and is checked).
+
+        Raises:
+            EpochChangedError: The history kept changing between the reads of one page.
+        """
+        guess = self._bases.get(session)
+        in_chain = guess is not None and (after is None or entry_order(after) < entry_order(guess))
+        for _ in range(3):
+            count = 1 if in_chain else limit
+            state, chain, rows = await self._log_rows(session, keys, after, count)
+            if chain and (after is None or entry_order(after) < entry_order(chain.base)):
+                self._bases.put(session, chain.base)
+                early = await self.lineage.read(chain, after, limit)
+                need = limit - len(early)
+                if not need or not in_chain:
+                    return state, early + rows[:need]
+                # On past the chain, into the live log: read the rest of the page there.
+                again, same, rows = await self._log_rows(session, keys, None, need)
+                if (again, same) == (state, chain):  # no rewrite, no freeze in between
+                    return state, early + rows
+            else:
+                self._bases.discard(session)
+                if not in_chain:
+                    return state, rows
+            in_chain = False  # the guess was wrong, or the history changed: read it whole
+        raise EpochChangedError(-1, -1, tenant=self._scope.tenant, session=session)
+
+    async def _log_rows(
+        self, session: str, keys: SessionKeys, after: str | None, count: int
+    ) -> tuple[tuple[Any, Any], Chain, list[Row]]:
+        """The (epoch, life), the chain, and up to ``count`` live log entries after ``after``."""
+        low = "-" if after is None else "(" + after
+        (epoch, life, chain), rows = await self._scope.connection.transaction(
+            [
+                ("HMGET", keys.meta, Meta.EPOCH, Meta.LIFE, Meta.CHAIN),
+                ("XRANGE", keys.log, low, "+", "COUNT", count),
+            ],
+            session=session,
+            key=keys.log,
+        )
+        return (epoch, life), Chain.parse(chain), [(session, row) for row in rows]
 
     async def _page(
         self, session: str, *, after: str | None, limit: int
@@ -42,16 +99,10 @@ class Reader:
         """One page, and the life of the session it was read in (see ``history``)."""
         keys = self._scope.keys(session)
         check_int(limit, "limit", low=1, high=10_000, session=session)
-        low = "-" if after is None else "(" + check_entry_id(after, session)
-        (epoch, life), rows = await self._scope.connection.transaction(
-            [
-                ("HMGET", keys.meta, Meta.EPOCH, Meta.LIFE),
-                ("XRANGE", keys.log, low, "+", "COUNT", limit),
-            ],
-            session=session,
-            key=keys.log,
-        )
-        entries = [self._scope.codec.stored(session, row) for row in rows]
+        if after is not None:
+            check_entry_id(after, session)
+        (epoch, life), rows = await self.rows(session, keys, after, limit)
+        entries = [self._scope.codec.stored(owner, row) for owner, row in rows]
         next_after = entries[-1].entry_id if len(entries) == limit else None
         return HistoryPage(entries, int(epoch or 0), next_after), text(life or b"")
 
@@ -59,10 +110,16 @@ class Reader:
         """The newest ``limit`` messages, oldest first (see ``ContextStore.tail``)."""
         keys = self._scope.keys(session)
         check_int(limit, "limit", low=1, high=10_000, session=session)
-        (rows,) = await self._scope.connection.transaction(
-            [("XREVRANGE", keys.log, "+", "-", "COUNT", limit)], session=session, key=keys.log
+        chain, rows = await self._scope.connection.transaction(
+            [("HGET", keys.meta, Meta.CHAIN), ("XREVRANGE", keys.log, "+", "-", "COUNT", limit)],
+            session=session,
+            key=keys.log,
         )
-        return [self._scope.codec.stored(session, row) for row in reversed(rows)]
+        found: list[Row] = [(session, row) for row in rows]
+        older = Chain.parse(chain)
+        if older and len(found) < limit:
+            found += await self.lineage.read_back(older, limit - len(found))
+        return [self._scope.codec.stored(owner, row) for owner, row in reversed(found)]
 
     async def history(self, session: str) -> AsyncIterator[StoredMessage]:
         """Every stored message, oldest first, a page at a time.
@@ -103,38 +160,58 @@ class Reader:
 
     async def entry(self, session: str, entry_id: str) -> StoredMessage | None:
         """One stored message by entry id."""
-        keys = self._scope.keys(session)
+        found = await self.raw_entry(session, self._scope.keys(session), entry_id)
+        return self._scope.codec.stored(*found) if found is not None else None
+
+    async def raw_entry(self, session: str, keys: SessionKeys, entry_id: str) -> Row | None:
+        """One raw entry of the history by id, with the session it is sealed for."""
         entry_id = check_entry_id(entry_id, session)
-        (rows,) = await self._scope.connection.transaction(
-            [("XRANGE", keys.log, entry_id, entry_id, "COUNT", 1)], session=session, key=keys.log
+        chain, rows = await self._scope.connection.transaction(
+            [
+                ("HGET", keys.meta, Meta.CHAIN),
+                ("XRANGE", keys.log, entry_id, entry_id, "COUNT", 1),
+            ],
+            session=session,
+            key=keys.log,
         )
-        return self._scope.codec.stored(session, rows[0]) if rows else None
+        if rows:
+            return session, rows[0]
+        return await self.lineage.entry(Chain.parse(chain), entry_id)
 
     async def entries_after(
         self, session: str, keys: SessionKeys, after: str
     ) -> AsyncIterator[Entry]:
         """The entries after ``after`` (``""``: all), oldest first, a page at a time."""
-        low = "(" + after if after else "-"
         size = self._scope.settings.history_page_size
+        cursor: str | None = after or None
         while True:
-            (rows,) = await self._scope.connection.transaction(
-                [("XRANGE", keys.log, low, "+", "COUNT", size)], session=session, key=keys.log
-            )
-            for row in rows:
-                yield self._scope.codec.entry(session, row)
+            _, rows = await self.rows(session, keys, cursor, size)
+            for owner, row in rows:
+                yield self._scope.codec.entry(owner, row)
             if len(rows) < size:
                 return
-            low = "(" + text(rows[-1][0])
+            cursor = text(rows[-1][1][0])
 
     async def info(self, session: str, *, pins: bool) -> SessionInfo:
         """The session's counters, times, pins and summary state (see ``ContextStore.info``)."""
         keys = self._scope.keys(session)
         tenant = self._scope.tenant
-        meta_raw, view_raw, pttl, *keep = await self._scope.connection.transaction(
+        (
+            meta_raw,
+            view_raw,
+            pttl,
+            own,
+            points,
+            branches,
+            *keep,
+        ) = await self._scope.connection.transaction(
             [
                 ("HGETALL", keys.meta),
                 ("HMGET", keys.view, "covers", "n1", "n2", "epoch", "model"),
                 ("PTTL", keys.meta),
+                ("XLEN", keys.log),
+                ("HLEN", keys.checkpoints),
+                ("HLEN", keys.branches),
                 *([("HGETALL", keys.keep)] if pins else []),
             ],
             session=session,
@@ -162,6 +239,8 @@ class Reader:
 
             def number(name: str) -> int | None:
                 return int(meta[name]) if meta.get(name) else None
+
+            origin = (meta.get(Meta.ORIGIN) or " ").split(" ", 1)
 
             return SessionInfo(
                 tenant=tenant,
@@ -192,6 +271,13 @@ class Reader:
                 summary_generation=int(meta.get(Meta.SUMMARY_GENERATION, 0)),
                 summary_due_since_ms=number(Meta.SUMMARY_DUE_AT),
                 summary_failed_at_ms=number(Meta.SUMMARY_FAILED_AT),
+                forked_from=origin[0] or None,
+                fork_point=origin[1] or None,
+                shared_messages=max(0, int(meta.get(Meta.COUNT, 0)) - int(own))
+                if meta.get(Meta.BASE)
+                else 0,
+                checkpoints=int(points),
+                branches=int(branches),
             )
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptEntryError(

@@ -43,6 +43,8 @@ from ctxstore._scope import Scope
 from ctxstore._scripts import SCRIPTS
 from ctxstore._validate import check_int
 from ctxstore.errors import CorruptEntryError, EpochChangedError, InvalidInputError
+from ctxstore.lineage import Chain, Row
+from ctxstore.reads import Reader
 
 __all__ = [
     "MAX_QUERY_CHARS",
@@ -241,8 +243,9 @@ class Searcher:
         scope: The tenant's scope.
     """
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, scope: Scope, reader: Reader) -> None:
         self._scope = scope
+        self._reader = reader
         keyring = scope.codec.keyring
         self._hash = None if keyring is None else keyring.index_key(scope.tenant)
 
@@ -363,21 +366,13 @@ class Searcher:
         epoch_s, life_s = text(epoch or b"0"), text(life or b"")
         added = 0
         while True:
-            low = "(" + cursor if cursor else "-"
-            check, rows = await self._scope.connection.transaction(
-                [
-                    ("HMGET", keys.meta, Meta.EPOCH, Meta.LIFE),
-                    ("XRANGE", keys.log, low, "+", "COUNT", BATCH),
-                ],
-                session=session,
-                key=keys.meta,
-            )
+            check, rows = await self._reader.rows(session, keys, cursor or None, BATCH)
             if text(check[0] or b"0") != epoch_s or text(check[1] or b"") != life_s:
                 return added
             if not rows and not fresh:
                 return added
-            postings, docs, length = self._batch(session, rows)
-            last = text(rows[-1][0]) if rows else cursor
+            postings, docs, length = self._batch(rows)
+            last = text(rows[-1][1][0]) if rows else cursor
             args: list[Any] = [epoch_s, life_s, self._key_id, cursor, last, docs, length]
             for field, value in postings.items():
                 args += (field, value)
@@ -391,13 +386,13 @@ class Searcher:
             if len(rows) < BATCH:
                 return added
 
-    def _batch(self, session: str, rows: list[Any]) -> tuple[dict[str, str], int, int]:
+    def _batch(self, rows: list[Row]) -> tuple[dict[str, str], int, int]:
         """The postings a batch of stream rows adds, by field; its entries and terms."""
         postings: dict[str, list[str]] = {}
         length = 0
-        for row in rows:
+        for owner, row in rows:
             try:
-                stored = self._scope.codec.stored(session, row)
+                stored = self._scope.codec.stored(owner, row)
             except CorruptEntryError:
                 continue  # indexed as nothing; reads of it report the fault
             counts = Counter(terms(message_text(stored.message)))
@@ -420,21 +415,24 @@ class Searcher:
         """The ranked entries read back, or ``None`` when the history changed meanwhile."""
         replies = await self._scope.connection.transaction(
             [
-                ("HMGET", keys.meta, Meta.EPOCH, Meta.LIFE),
+                ("HMGET", keys.meta, Meta.EPOCH, Meta.LIFE, Meta.CHAIN),
                 *(("XRANGE", keys.log, entry, entry, "COUNT", 1) for _, entry in ranked),
             ],
             session=session,
             key=keys.meta,
         )
-        if tuple(replies[0]) != state:
+        if tuple(replies[0][:2]) != state:
             return None
+        chain = Chain.parse(replies[0][2])
         words = [w.lower() for w in _WORD.findall(query) if w.lower() not in _STOP]
         hits = []
-        for (score, _), rows in zip(ranked, replies[1:], strict=True):
-            if not rows:
+        for (score, entry), rows in zip(ranked, replies[1:], strict=True):
+            # An entry the chain holds is read from its segment (which never changes).
+            found = (session, rows[0]) if rows else await self._reader.lineage.entry(chain, entry)
+            if found is None:
                 continue  # popped or trimmed since it was indexed
             try:
-                stored = self._scope.codec.stored(session, rows[0])
+                stored = self._scope.codec.stored(*found)
             except CorruptEntryError:
                 continue
             message = stored.message

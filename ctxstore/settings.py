@@ -66,6 +66,9 @@ class Settings(BaseSettings):
             (refreshed on every write); ``None`` keeps them until deleted.
         connect_timeout: Seconds to wait for a connection to Redis.
         operation_timeout: Seconds to wait for one Redis reply.
+        max_connections: The most connections a process opens to one Redis
+            (to each node of a cluster). On one Redis, a call past it waits for
+            a free connection, within its deadline, instead of failing.
         retry_attempts: How many times a call is retried after a transient
             connection error (appends keep their idempotency key).
         retry_base_delay: The first retry's delay, doubled on each retry,
@@ -106,7 +109,11 @@ class Settings(BaseSettings):
             been appended past the summary watermark; ``0`` turns background
             summaries off.
         summary_keep_tokens: The newest tokens a summary leaves raw (the
-            tail that views send as it is).
+            tail that views send as it is), at most.
+        summary_keep_share: Of the smallest budget a session is viewed
+            with, the share a summary leaves raw, when that is less than
+            ``summary_keep_tokens``: a small view's raw part must reach back
+            to what the summary covers, or what lies between is in neither.
         summary_chunk_tokens: The most tokens sent to the summarizer in one
             call; longer inputs are summarized in chunks, each folded into
             the running summary.
@@ -119,9 +126,16 @@ class Settings(BaseSettings):
             view holds this share of the budget; appends then extend it, its
             prefix unchanged, until it is full again (the provider's prompt
             cache stays warm in between).
+        view_low_water_floor: The least a view is cut back to: when each model
+            call adds so much that ``view_low_water`` would break the prompt
+            cache within ``view_step_calls`` calls, a step cuts the view back
+            further, down to this share.
+        view_step_calls: How many model calls a step should last at a
+            4,000-token budget (more at larger budgets, as the fourth root).
         view_summary_share: The most of a view's budget a summary may take.
-        view_full_share: A tool result over this share of a view's budget is
-            sent as its preview (when it has one).
+        view_full_share: A tool result over this share of a 4,000-token
+            view's budget is sent as its preview (when it has one); the share
+            grows with the budget's fourth root (0.16 at 64,000 tokens).
         view_max_anchors: The most budgets one session keeps an anchor for
             (the oldest anchor goes first).
         view_cache_bytes: The bytes of message data each process keeps of the
@@ -151,6 +165,16 @@ class Settings(BaseSettings):
             (``ContextStore.set_limits``); these are the defaults.
         session_tokens: Default quota: the most tokens in one session.
         max_sessions: Default quota: the most sessions a tenant may have.
+        max_checkpoints: Default quota: the most checkpoints one session may
+            keep (``None``: no limit).
+        max_branches: The most abandoned tails (branches) a session keeps
+            readable after rewinds; the oldest goes when a rewind makes one more.
+        bridge_tokens: The most raw tokens a fork (or a rewind into older
+            history) copies into the new live log, and that a fork leaves in
+            the source's: the newest entries, what views read most. It bounds
+            a fork's cost, whatever the history's length; a view that needs
+            more reads on into the shared segments, in more round trips.
+        bridge_entries: The most entries such a copy takes.
         appends_per_second: Default quota: the sustained append rate of one
             session, with bursts of ``append_burst`` messages.
         append_burst: The burst the append rate allows.
@@ -192,6 +216,7 @@ class Settings(BaseSettings):
     session_ttl_seconds: Seconds | None = None
     connect_timeout: PositiveFloat = 2.0
     operation_timeout: PositiveFloat = 5.0
+    max_connections: Annotated[int, Field(ge=1, le=100_000)] = 512
     retry_attempts: Annotated[int, Field(ge=0, le=100)] = 3
     retry_base_delay: PositiveFloat = 0.05
     retry_max_delay: PositiveFloat = 1.0
@@ -206,18 +231,21 @@ class Settings(BaseSettings):
     tombstone_seconds: Seconds = 7 * 86_400
     history_page_size: Annotated[int, Field(gt=0, le=10_000)] = 1_000
     index_interval: Annotated[float, Field(ge=0)] = 1.0
-    offload_threshold_tokens: Annotated[int, Field(ge=0)] = 1_000
-    offload_preview_tokens: PositiveInt = 300
+    offload_threshold_tokens: Annotated[int, Field(ge=0)] = 500
+    offload_preview_tokens: PositiveInt = 150
     search_index: bool = True
     summary_trigger_tokens: Annotated[int, Field(ge=0)] = 32_000
     summary_keep_tokens: Annotated[int, Field(ge=0)] = 8_000
+    summary_keep_share: Annotated[float, Field(ge=0, le=1)] = 0.25
     summary_chunk_tokens: Annotated[int, Field(ge=1_000)] = 60_000
-    summary_max_tokens: Annotated[int, Field(ge=64, le=32_000)] = 2_000
-    summary_ledger_tokens: Annotated[int, Field(ge=32, le=32_000)] = 600
+    summary_max_tokens: Annotated[int, Field(ge=64, le=32_000)] = 6_000
+    summary_ledger_tokens: Annotated[int, Field(ge=32, le=32_000)] = 1_200
     summary_pressure: Annotated[float, Field(gt=0, le=1)] = 0.3
-    view_low_water: Annotated[float, Field(gt=0, lt=1)] = 0.7
+    view_low_water: Annotated[float, Field(gt=0, lt=1)] = 0.8
+    view_low_water_floor: Annotated[float, Field(gt=0, lt=1)] = 0.55
+    view_step_calls: Annotated[float, Field(ge=0, le=1_000)] = 10.0
     view_summary_share: Annotated[float, Field(gt=0, lt=1)] = 0.4
-    view_full_share: Annotated[float, Field(gt=0, le=1)] = 0.15
+    view_full_share: Annotated[float, Field(gt=0, le=1)] = 0.08
     view_max_anchors: Annotated[int, Field(ge=1, le=64)] = 4
     view_cache_bytes: Annotated[int, Field(ge=0, le=1 << 40)] = 64 << 20
     summary_role: Literal["user", "system"] = "user"
@@ -234,6 +262,10 @@ class Settings(BaseSettings):
     session_bytes: PositiveInt | None = None
     session_tokens: PositiveInt | None = None
     max_sessions: PositiveInt | None = None
+    max_checkpoints: PositiveInt | None = 100
+    max_branches: Annotated[int, Field(ge=1, le=1_000)] = 16
+    bridge_tokens: Annotated[int, Field(ge=1_000, le=10_000_000)] = 48_000
+    bridge_entries: Annotated[int, Field(ge=10, le=10_000)] = 2_000
     appends_per_second: PositiveFloat | None = None
     append_burst: PositiveInt = 100
     encryption_keys: dict[str, SecretStr] = Field(default_factory=dict)

@@ -17,7 +17,7 @@ and ids are validated before any key is formatted.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxstore import _keys
@@ -27,14 +27,24 @@ from ctxstore._observe import Observer, observed, record_appends, record_view
 from ctxstore._scope import Scope
 from ctxstore._validate import check_model, check_usage
 from ctxstore.anchor import Viewer, WarmViews
+from ctxstore.archive import Archive
+from ctxstore.branches import Branches
 from ctxstore.budget import resolve_budget
+from ctxstore.checkpoints import Checkpoints
 from ctxstore.encryption import Keyring
+from ctxstore.forks import Forks
 from ctxstore.lease import Clock, Lease, LeaseKind, take_lease
+from ctxstore.lineage import Lineage
 from ctxstore.metrics import metrics_from_settings
 from ctxstore.models import (
     AppendResult,
+    Branch,
+    Checkpoint,
+    ForkResult,
     HistoryPage,
+    ImportResult,
     RequestView,
+    RewindResult,
     SessionInfo,
     SessionSummary,
     StoredMessage,
@@ -114,13 +124,21 @@ class ContextStore:
         self._quotas = Quotas(scope)
         self._ratios = Ratios(scope)
         self._index = TenantIndex(scope)
-        self._reader = Reader(scope)
+        self._lineage = Lineage(scope)
+        self._reader = Reader(scope, self._lineage)
         self._viewer = Viewer(
-            scope, _warm if _warm is not None else WarmViews(settings.view_cache_bytes)
+            scope,
+            _warm if _warm is not None else WarmViews(settings.view_cache_bytes),
+            self._lineage,
         )
-        self._writer = Writer(scope, self._quotas, self._index, self._handoff)
+        self._writer = Writer(scope, self._quotas, self._index, self._handoff, self._lineage)
         self._summaries = Summaries(scope, self._reader, self._handoff)
-        self._searcher = Searcher(scope)
+        self._searcher = Searcher(scope, self._reader)
+        self._checkpoints = Checkpoints(scope, self._quotas)
+        self._branches = Branches(scope, self._quotas, self._lineage, self._checkpoints)
+        parts = (self._quotas, self._lineage, self._checkpoints)
+        self._forks = Forks(scope, *parts, self._writer, self._summaries, self._handoff)
+        self._archive = Archive(scope, self._reader, self._writer, self._checkpoints, self._quotas)
         self._observer = _observer or Observer(metrics_from_settings(settings, registry), tenant)
 
     @classmethod
@@ -298,6 +316,102 @@ class ContextStore:
         self._viewer.warm.discard(self.tenant, session)  # no copy of it stays in this pod
         return deleted
 
+    # -- moving through the history ---------------------------------------------
+
+    @observed("checkpoint")
+    async def checkpoint(self, session: str, name: str | None = None) -> Checkpoint:
+        """Record where the session is now, and the summary in force, in constant time.
+
+        Raises:
+            SessionNotFoundError, QuotaExceededError: No session; too many checkpoints.
+        """
+        return await self._checkpoints.record(session, name)
+
+    async def checkpoints(self, session: str) -> list[Checkpoint]:
+        """The session's checkpoints, oldest first."""
+        return await self._checkpoints.read(session)
+
+    async def delete_checkpoint(self, session: str, checkpoint_id: str) -> bool:
+        """Drop a checkpoint (its quota and bytes are given back); False if there was none."""
+        return await self._checkpoints.delete(session, checkpoint_id)
+
+    @observed("rewind")
+    async def rewind(
+        self, session: str, to: str | Checkpoint, *, lease: Lease | None = None
+    ) -> RewindResult:
+        """End the history at ``to`` (a checkpoint, or an entry id), for every pod at once.
+
+        Fenced by the lease, as :meth:`replace` (``lease``: one held, consumed);
+        what came after becomes a branch (:meth:`read_branch`), never destroyed
+        (:mod:`ctxstore.branches`).
+
+        Raises:
+            EntryNotFoundError, SessionNotFoundError: No such target, or session.
+            LeaseHeldError, LeaseLostError: The lease was held, or lost before the write.
+        """
+        return await self._branches.rewind(session, to, lease=lease)
+
+    @observed("fork")
+    async def fork(
+        self, session: str, new_session: str, *, at: str | Checkpoint | None = None
+    ) -> ForkResult:
+        """Start ``new_session`` with ``session``'s history up to ``at`` (default: its end).
+
+        In bounded time: the history is shared, not copied; views stay one
+        round trip; the two then diverge (:mod:`ctxstore.forks`). ``at``: a
+        checkpoint (or its id) or an entry id.
+
+        Raises:
+            SessionNotFoundError, SessionExistsError: No source; the fork's id is taken.
+            EntryNotFoundError, QuotaExceededError: ``at`` is not in its history; a quota.
+        """
+        return await self._forks.fork(session, new_session, at)
+
+    async def branches(self, session: str) -> list[Branch]:
+        """The tails the session's rewinds abandoned, oldest first."""
+        return await self._branches.read_all(session)
+
+    async def read_branch(
+        self, session: str, branch_id: str, *, after: str | None = None, limit: int = 1000
+    ) -> HistoryPage:
+        """One page (up to ``limit``) of a branch's messages, oldest first (as :meth:`read`).
+
+        Raises:
+            EntryNotFoundError: No such branch.
+            CorruptEntryError: Its entries have expired.
+        """
+        return await self._branches.read(session, branch_id, after=after, limit=limit)
+
+    # -- export and import -------------------------------------------------------
+
+    def export_session(self, session: str, *, clear: bool = False) -> AsyncIterator[str]:
+        """The session as JSON Lines (no newlines), a page at a time (:mod:`ctxstore.archive`).
+
+        Sealed messages stay sealed unless ``clear`` (the store must hold the key).
+
+        Raises:
+            SessionNotFoundError, DecryptionError: No session; a value it cannot open.
+        """
+        return self._archive.export(session, clear=clear)
+
+    async def import_sessions(
+        self,
+        lines: AsyncIterable[str] | Iterable[str],
+        *,
+        session: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[ImportResult]:
+        """Import an export's sessions, each whole or not at all; one result per session.
+
+        Again: nothing changes. ``session``: its one session's new id;
+        ``progress``: called with 1 per message read.
+
+        Raises:
+            MalformedArchiveError: A bad line (its number said); nothing of its session written.
+            SessionExistsError, QuotaExceededError: That session exists; a quota.
+        """
+        return await self._archive.load(lines, session=session, progress=progress)
+
     # -- reads -----------------------------------------------------------------
 
     async def read(
@@ -472,4 +586,6 @@ class ContextStore:
             ForgetIncompleteError: Something could not be deleted (the rest was).
         """
         self._viewer.warm.discard_tenant(self.tenant)
-        return await forget_tenant(self._scope, self._index, self._quotas, self._handoff)
+        return await forget_tenant(
+            self._scope, self._index, self._quotas, self._handoff, self._lineage
+        )

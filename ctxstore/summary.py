@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ctxstore.summarizers import Summarizer
     from ctxstore.summary_queue import Handoff
 
-__all__ = ["Summaries", "summary_chunks", "summary_cut"]
+__all__ = ["Summaries", "keep_tokens", "summary_chunks", "summary_cut"]
 
 
 class Summaries:
@@ -73,11 +73,12 @@ class Summaries:
     ) -> SummaryOutcome:
         settings = self._scope.settings
         codec = self._scope.codec
-        meta, view_raw, protected = await self._scope.connection.transaction(
+        meta, view_raw, protected, anchored = await self._scope.connection.transaction(
             [
                 ("HMGET", keys.meta, Meta.EPOCH, Meta.WATERMARK, Meta.WATERMARK_TOKENS, Meta.LIFE),
                 ("HMGET", keys.view, "l1", "l2", "state", "covers", "epoch"),
                 ("HKEYS", keys.keep),
+                ("HKEYS", keys.anchor),  # the budgets the session is viewed with
             ],
             session=session,
             key=keys.meta,
@@ -96,11 +97,8 @@ class Summaries:
         # Without a usable summary, start over from the first message.
         after = job.watermark if previous else ""
         entries = [e async for e in self._reader.entries_after(session, keys, after)]
-        cut = summary_cut(
-            entries,
-            settings.summary_keep_tokens,
-            open_window=settings.summary_keep_tokens + settings.summary_trigger_tokens,
-        )
+        keep = keep_tokens(settings, _budgets(anchored))
+        cut = summary_cut(entries, keep, open_window=keep + settings.summary_trigger_tokens)
         if cut == 0:
             reply = await self._commit(job, SummaryStatus.IDLE, ())
             return job.outcome(SummaryStatus.IDLE, next_generation=_next_generation(reply))
@@ -210,15 +208,20 @@ class Summaries:
         of the budget (past the watermark, less the raw tail it keeps), a job is
         queued, so a summary is ready
         before the view must drop what it would cover. Not while one is due,
-        nor after a job found nothing to cover until an append changed that.
+        nor after a job found nothing to cover (a tool exchange still open)
+        until half as much again was written.
         """
         settings = self._scope.settings
-        if settings.summary_trigger_tokens <= 0 or snap.summary_due or snap.summary_idle:
+        if settings.summary_trigger_tokens <= 0 or snap.summary_due:
+            return
+        pressure = settings.summary_pressure * budget
+        if snap.summary_idle is not None and snap.tokens - snap.summary_idle < pressure / 2:
             return
         if snap.tokens < settings.view_low_water * budget:
             return
         # What a job would cover: past the watermark, less the tail it leaves raw.
-        if snap.unsummarized - settings.summary_keep_tokens < settings.summary_pressure * budget:
+        keep = keep_tokens(settings, (budget,))
+        if snap.unsummarized - keep < pressure:
             return
         generation = await self.request(session)
         if generation:
@@ -271,6 +274,24 @@ async def _fold(
         max_tokens=settings.summary_max_tokens,
     )
     return Summary(text_)
+
+
+def keep_tokens(settings: Settings, budgets: Iterable[int]) -> int:
+    """The newest tokens a summary leaves raw, for a session viewed with ``budgets``.
+
+    ``summary_keep_tokens``, or less for a small budget: a view's raw part
+    holds only part of its budget, and it must reach back to what the summary
+    covers, or what lies between is in neither.
+    """
+    smallest = min(budgets, default=0)
+    if smallest <= 0:
+        return settings.summary_keep_tokens
+    return min(settings.summary_keep_tokens, int(settings.summary_keep_share * smallest))
+
+
+def _budgets(fields: Sequence[Any]) -> list[int]:
+    """The budgets of a session's anchors (the anchor hash's fields that name one)."""
+    return [int(f) for f in map(text, fields) if f.isdigit()]
 
 
 def _next_generation(reply: Any) -> int:

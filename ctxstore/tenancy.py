@@ -35,10 +35,12 @@ from ctxstore.errors import (
     StoreError,
 )
 from ctxstore.lease import clock_arg
+from ctxstore.lineage import segments_of
 from ctxstore.models import SessionSummary, TenantLimits
 from ctxstore.tokens import safety_factor
 
 if TYPE_CHECKING:
+    from ctxstore.lineage import Lineage
     from ctxstore.summary_queue import Handoff
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "Reservation",
     "TenantIndex",
     "forget_tenant",
+    "quota_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,11 +71,21 @@ class Limits:
     appends_per_second: float
     append_burst: int
     ttl_ms: int
+    checkpoints: int = 0
 
     @property
     def ttl_arg(self) -> int | str:
         """The default TTL as the scripts take it."""
         return self.ttl_ms or ""
+
+
+def quota_error(
+    reply: list[Any], *, tenant: str, session: str | None, key: str | None
+) -> QuotaExceededError:
+    """The error for a script's ``{'quota', name, limit, value, ...}`` refusal."""
+    return QuotaExceededError(
+        text(reply[1]), float(reply[2]), float(reply[3]), tenant=tenant, session=session, key=key
+    )
 
 
 class Quotas:
@@ -130,6 +143,7 @@ class Quotas:
             appends_per_second=pick(own.appends_per_second, s.appends_per_second) or 0,
             append_burst=pick(own.append_burst, s.append_burst),
             ttl_ms=ttl * 1000 if ttl else 0,
+            checkpoints=pick(own.checkpoints, s.max_checkpoints) or 0,
         )
         self._cached = (now, limits)
         return limits
@@ -376,6 +390,24 @@ class TenantIndex:
             if session not in gone
         ]
 
+    async def members(self) -> list[str]:
+        """Every session the index lists (valid ids only), in no order.
+
+        ``ZSCAN`` a batch at a time: a session listed throughout the walk is
+        returned, whatever its activity does to its place meanwhile.
+        """
+        found: dict[str, None] = {}
+        cursor: Any = 0
+        while True:
+            (reply,) = await self._scope.connection.transaction(
+                [("ZSCAN", self.key, cursor, "COUNT", 500)], key=self.key
+            )
+            cursor, items = reply
+            names = [text(m) for m, _ in scored(items)]
+            found.update(dict.fromkeys(n for n in names if _valid(n)))
+            if text(cursor) == "0":
+                return list(found)
+
     async def tenants(self) -> list[str]:
         """Every tenant that has written a session (for operators and the workers' sweep).
 
@@ -398,13 +430,17 @@ class TenantIndex:
         self._known.clear()
 
 
-async def forget_tenant(scope: Scope, index: TenantIndex, quotas: Quotas, jobs: Handoff) -> int:
+async def forget_tenant(
+    scope: Scope, index: TenantIndex, quotas: Quotas, jobs: Handoff, lineage: Lineage
+) -> int:
     """Delete every session of the tenant, then the tenant's own keys.
 
     Walks the tenant's index (never ``KEYS`` or ``SCAN``), deleting each
-    session's keys (its tombstone included: nothing of it is left) and its
-    last summary job's arq keys (``jobs``), then the sessions deleted earlier
-    (what their deletes left: tombstones, idempotency records), then the
+    session's keys (its tombstone included: nothing of it is left), the
+    segments it reads (its chain's and its branches') and its last summary
+    job's arq keys (``jobs``), then the sessions deleted earlier (what their
+    deletes left: tombstones, idempotency records), then every segment the
+    tenant's registry still lists (those whose readers all went), then the
     index, its pending reservations, the tenant's limits and its entry in
     the tenants set.
     What cannot be deleted (a job on an unreachable queue, the limits a
@@ -431,12 +467,18 @@ async def forget_tenant(scope: Scope, index: TenantIndex, quotas: Quotas, jobs: 
         members = [text(raw) for raw in names]
         for session in filter(_valid, members):
             keys = scope.keys(session)
-            generation, deleted = await connection.transaction(
-                [("HGET", keys.meta, Meta.SUMMARY_GENERATION), ("DEL", *keys.all())],
+            generation, chain, branches, deleted = await connection.transaction(
+                [
+                    ("HGET", keys.meta, Meta.SUMMARY_GENERATION),
+                    ("HGET", keys.meta, Meta.CHAIN),
+                    ("HVALS", keys.branches),
+                    ("DEL", *keys.all()),
+                ],
                 session=session,
                 key=keys.meta,
             )
             removed += int(deleted) > 0
+            await lineage.delete(segments_of(chain, branches))
             if generation:
                 try:
                     await jobs.forget_job(scope.tenant, session, int(generation))
@@ -456,6 +498,7 @@ async def forget_tenant(scope: Scope, index: TenantIndex, quotas: Quotas, jobs: 
             keys = scope.keys(session)
             await connection.transaction([("DEL", *keys.all())], session=session, key=keys.meta)
         await connection.transaction([("ZREM", index.deleted_key, *members)], key=index.deleted_key)
+    await lineage.delete_registered()
     ratios = _keys.tenant_ratios_key(scope.prefix, scope.tenant)
     await connection.transaction([("DEL", *index.keys, ratios)], key=index.key)
     # A tenant's own ACL user may neither change its limits nor the tenants

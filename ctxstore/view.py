@@ -32,16 +32,19 @@ from typing import Any
 from ctxstore._codec import Anchor, Entry, SummaryLevel, SummaryText
 from ctxstore._formats import earliest_callers, entry_order, item_type
 from ctxstore._pairs import pair, place, without_calls, without_results
+from ctxstore._shape import Shape, form_cost, per_call, sends_preview
 
 __all__ = [
     "Anchor",
     "Count",
+    "Growth",
     "Shape",
     "SummaryLevel",
     "ViewPlan",
     "form_cost",
     "plan_anchored",
     "plan_view",
+    "sends_preview",
 ]
 
 Count = Callable[[dict[str, Any]], int]
@@ -78,6 +81,35 @@ class ViewPlan:
     summary_used: bool = False
     summary_covers: str | None = None
     protected_tokens: int = 0
+    growth: Growth | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """What a plan whose anchor held leaves for the next view to grow it by new entries.
+
+    Set when the plan sent every entry from the anchor's start on, as it
+    laid them out first (no repair grew a message past its charge), in their
+    stored order; :func:`ctxstore._growth.grow` checks the rest.
+
+    Attributes:
+        anchor: The anchor it was planned on (``None``: the whole history fit).
+        budget: The budget it was planned for.
+        shape: The shape it was planned with.
+        charged: What the anchor's test charged: the protected entries, the
+            summary and every entry from the start in the form it is sent in.
+        ids: Every tool call and result id of the entries it was planned from.
+        protected: The ids of the protected entries.
+        last: The newest entry id it was planned from (``""``: none).
+    """
+
+    anchor: Anchor | None
+    budget: int
+    shape: Shape
+    charged: int
+    ids: frozenset[str]
+    protected: frozenset[str]
+    last: str
 
 
 def plan_view(
@@ -141,39 +173,6 @@ def plan_view(
     return plan
 
 
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """How an anchored view is shaped, as shares of its budget.
-
-    Attributes:
-        low_water: Where the raw part is cut back to when the view would
-            overflow: the view then grows by appends alone, its prefix
-            unchanged, until it is full again.
-        summary_share: The most of the budget a summary may take.
-        full_share: A tool result larger than this share is sent as its
-            preview (when it has one), so one result never crowds out the rest.
-    """
-
-    low_water: float = 0.7
-    summary_share: float = 0.4
-    full_share: float = 0.25
-
-
-def form_cost(entry: Entry, budget: int, shape: Shape) -> int:
-    """The tokens ``entry`` is stored at in the form it is sent in at ``budget``.
-
-    The form (its preview when it is too large) is a function of the entry
-    and the budget only, so a message's form never changes from one view to
-    the next. A preview is sent a few tokens off its stored size (its
-    placeholders are filled in): the planner counts it as sent.
-    """
-    return entry.preview_tokens if _sends_preview(entry, budget, shape) else entry.tokens
-
-
-def _sends_preview(entry: Entry, budget: int, shape: Shape) -> bool:
-    return entry.preview_data is not None and entry.tokens > shape.full_share * budget
-
-
 def plan_anchored(
     protected: Sequence[Entry],
     entries: Sequence[Entry],
@@ -215,12 +214,23 @@ def plan_anchored(
     sizes = _Sizes(count)
 
     def cost(entry: Entry) -> int:
-        return sizes.preview(entry) if _sends_preview(entry, budget, shape) else entry.tokens
+        return sizes.preview(entry) if sends_preview(entry, budget, shape) else entry.tokens
 
-    def render(summary: SummaryText | None, body: list[Entry]) -> ViewPlan:
+    def render(summary: SummaryText | None, body: list[Entry], held: Anchor | None) -> ViewPlan:
         plan = ViewPlan(protected_tokens=protected_tokens, dropped=len(raw) - len(body))
-        previewed = {e.entry_id for e in body if _sends_preview(e, budget, shape)}
-        _render(plan, protected, summary, body, previewed, sizes, budget)
+        previewed = {e.entry_id for e in body if sends_preview(e, budget, shape)}
+        if _render(plan, protected, summary, body, previewed, sizes, budget):
+            plan.growth = Growth(
+                anchor=held,
+                budget=budget,
+                shape=shape,
+                charged=protected_tokens
+                + (summary.tokens if summary else 0)
+                + sum(map(cost, body)),
+                ids=frozenset(i for e in (*protected, *body) for i in (*e.calls, *e.results)),
+                protected=frozenset(protected_ids),
+                last=entries[-1].entry_id if entries else "",
+            )
         return plan
 
     if protected_tokens > budget:
@@ -233,16 +243,17 @@ def plan_anchored(
             body = [e for e in raw if start is None or entry_order(e.entry_id) >= start]
             summary_tokens = anchor.summary.tokens if anchor.summary else 0
             if protected_tokens + summary_tokens + sum(map(cost, body)) <= budget:
-                return render(anchor.summary, body), None
+                return render(anchor.summary, body, anchor), None
     elif anchor is None and complete and protected_tokens + sum(map(cost, raw)) <= budget:
-        return render(None, raw), None  # the whole history fits
+        return render(None, raw, None), None  # the whole history fits
     # A step: the summary that fits best, then raw entries back to the low-water mark.
     if levels is None:
         return None, None
     summary = _largest_that_fits(levels, protected_tokens, budget, shape)
     summary_tokens = summary.summary.tokens if summary else 0
     room = budget - protected_tokens - summary_tokens
-    target = shape.low_water * budget - protected_tokens - summary_tokens
+    low_water = shape.low_water_for(budget, per_call(raw, cost, budget))
+    target = low_water * budget - protected_tokens - summary_tokens
     covers = entry_order(summary.summary.covers_upto) if summary else None
     chosen = _step_body(raw, cost, target, room, covers)
     new = Anchor(
@@ -252,8 +263,9 @@ def plan_anchored(
         level=summary.level if summary else 0,
         stamp=stamp,
     )
-    body = [e for e in raw if not new.start or entry_order(e.entry_id) >= entry_order(new.start)]
-    return render(new.summary, body), new
+    begin = entry_order(new.start) if new.start else None
+    body = [e for e in raw if begin is None or entry_order(e.entry_id) >= begin]
+    return render(new.summary, body, new), new
 
 
 def _step_body(
@@ -435,15 +447,20 @@ def _render(
     previewed: set[str],
     sizes: _Sizes,
     budget: int | None,
-) -> None:
+) -> bool:
     """Lay a view out (hoisted protected entries, the summary, the body in order) into ``plan``.
 
     Entries in ``previewed`` are sent as their preview. A repair only
     removes blocks, so what is sent is no larger than what was charged;
     should the counter say otherwise, the oldest exchanges of the body go,
     then the summary, until it fits ``budget`` (``None``: not checked).
+
+    Returns:
+        True when the first layout fit, each message in its stored place
+        (what :func:`ctxstore._growth.grow` extends).
     """
     protected_ids = {e.entry_id for e in protected}
+    first = True
     while True:
         cut = entry_order(body[0].entry_id) if body else None
         hoisted = [e for e in protected if cut is None or entry_order(e.entry_id) < cut]
@@ -454,9 +471,10 @@ def _render(
         )
         items: list[Entry | None] = [*hoisted, None, *ordered] if summary else [*hoisted, *ordered]
         sent = ViewPlan()
-        _repair_place_and_render(items, summary, previewed, protected_ids, sizes, sent)
+        in_place = _repair_place_and_render(items, summary, previewed, protected_ids, sizes, sent)
         if budget is None or sent.tokens <= budget:
             break
+        first = False
         if body:
             start = _next_start(body)
             plan.dropped += start
@@ -472,6 +490,7 @@ def _render(
     plan.tokens = sent.tokens
     plan.repairs.extend(sent.repairs)
     plan.dropped += sent.dropped
+    return first and in_place and bool(body)
 
 
 def _next_start(body: Sequence[Entry]) -> int:
@@ -487,13 +506,14 @@ def _repair_place_and_render(
     protected_ids: set[str],
     sizes: _Sizes,
     plan: ViewPlan,
-) -> None:
+) -> bool:
     """Pair calls and results, strip what is left unpaired, count, and place results.
 
     ``None`` in ``items`` stands for the summary; entries in ``previewed``
     are sent as their preview. Fills ``plan``'s messages, kept ids,
     offloaded ids, tokens and repairs; ``plan.dropped`` counts the tail
-    entries a repair left nothing of.
+    entries a repair left nothing of. Returns True when the items were
+    already in the order to send them in.
     """
     pairs = pair(items, plan.repairs)
     rendered: list[tuple[Entry | None, dict[str, Any]] | None] = [None] * len(items)
@@ -538,9 +558,11 @@ def _repair_place_and_render(
         for index, entry in enumerate(items)
         if entry is not None and pairs.calls.get(index) and item_type(entry.message) is not None
     }
-    for index in place(len(items), pairs.caller, chained):
+    order = place(len(items), pairs.caller, chained)
+    for index in order:
         sent = rendered[index]
         if sent is not None:
             plan.messages.append(sent[1])
             if sent[0] is not None:
                 plan.kept_ids.append(sent[0].entry_id)
+    return isinstance(order, range)

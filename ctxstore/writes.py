@@ -19,8 +19,9 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ctxstore._codec import Kind, Reply, join_ids, text
+from ctxstore._codec import Kind, Meta, Reply, join_ids, text
 from ctxstore._formats import REASONING, item_type
+from ctxstore._keys import SessionKeys
 from ctxstore._scope import Scope
 from ctxstore._scripts import SCRIPTS
 from ctxstore._validate import (
@@ -34,16 +35,24 @@ from ctxstore.errors import (
     ConflictError,
     CtxstoreError,
     InvalidMessageError,
-    QuotaExceededError,
     SessionNotFoundError,
     StoreUnavailableError,
 )
-from ctxstore.lease import Lease, clock_arg, take_lease
+from ctxstore.lease import Lease, clock_arg, fenced
+from ctxstore.lineage import Chain, Lineage, row_fields
+from ctxstore.lineage import held as held_segments
 from ctxstore.messages import check_message
 from ctxstore.models import AppendResult, StoredMessage, WriteResult
 from ctxstore.offload import make_preview
 from ctxstore.summary_queue import Handoff
-from ctxstore.tenancy import NO_RESERVATION, Limits, Quotas, Reservation, TenantIndex
+from ctxstore.tenancy import (
+    NO_RESERVATION,
+    Limits,
+    Quotas,
+    Reservation,
+    TenantIndex,
+    quota_error,
+)
 from ctxstore.tokens import count_message
 
 __all__ = ["Writer"]
@@ -91,11 +100,19 @@ class Writer:
         handoff: Where a due summary goes.
     """
 
-    def __init__(self, scope: Scope, quotas: Quotas, index: TenantIndex, handoff: Handoff) -> None:
+    def __init__(
+        self,
+        scope: Scope,
+        quotas: Quotas,
+        index: TenantIndex,
+        handoff: Handoff,
+        lineage: Lineage,
+    ) -> None:
         self._scope = scope
         self._quotas = quotas
         self._index = index
         self._handoff = handoff
+        self._lineage = lineage
         # Idempotency keys made here: a random per-writer prefix and a counter
         # (unique without a syscall per append, unlike a fresh random token).
         self._key_prefix = secrets.token_urlsafe(6) + "."
@@ -154,6 +171,9 @@ class Writer:
                     keys.gone,
                     keys.anchor,
                     keys.index,
+                    keys.checkpoints,
+                    keys.checkpoint_summaries,
+                    keys.branches,
                 ),
                 (*args[:10], *reservation, now, *args[10:]),
                 session=session,
@@ -161,7 +181,7 @@ class Writer:
                 refused=_refused,
             )
 
-        reply = await self._listed(session, limits, run)
+        reply = await self.listed(session, limits, run)
         if text(reply[0]) != Reply.OK:
             raise self._refusal(reply, expected_seq, session, keys.meta)
         due = int(reply[1])
@@ -173,8 +193,10 @@ class Writer:
                 duplicate=int(reply[i + 3]) == 1,
                 summary_due=due > 0,
             )
-            for i in range(3, len(reply), 4)
+            for i in range(5, len(reply), 4)
         ]
+        if reply[3]:  # its history starts in segments: they must outlive it
+            await self._lineage.keep_alive(session, reply[3], reply[4])
         if due:
             await self._handoff.due(self._scope.tenant, session, due)
         return results
@@ -193,9 +215,33 @@ class Writer:
         check_int(expected_seq, "expected_seq", low=0, optional=True, session=session)
         limits = await self._quotas.resolved(session)
         entries = self._entries(session, messages, limits, pinned=False)
-        if lease is not None and lease.released:
-            raise lease.mark_lost()  # consumed by an earlier write, or given back
-        held = lease or await take_lease(self._scope, session, kind="write")
+        async with fenced(self._scope, session, lease) as held:
+            reply = await self._rewrite(session, keys, entries, limits, held, expected_seq)
+            status = text(reply[0])
+            if status == Reply.LEASE_LOST:
+                raise held.mark_lost()
+            if status != Reply.OK:
+                raise self._refusal(reply, expected_seq, session, keys.meta)
+            held.consumed()
+        await self._lineage.release(held_segments(reply[5]))
+        return WriteResult(
+            epoch=int(reply[1]),
+            seq=int(reply[2]),
+            count=int(reply[3]),
+            superseded=int(reply[4]),
+            entry_ids=tuple(text(r) for r in reply[6:]),
+        )
+
+    async def _rewrite(
+        self,
+        session: str,
+        keys: SessionKeys,
+        entries: list[tuple[Any, ...]],
+        limits: Limits,
+        held: Lease,
+        expected_seq: int | None,
+    ) -> Any:
+        """Run ``rewrite.lua`` under ``held``, listed in the tenant's index first."""
         args: list[Any] = [
             held.token,
             held.fence,
@@ -218,6 +264,7 @@ class Writer:
                 (
                     *(keys.log, keys.meta, keys.keep, keys.view, keys.lease, keys.gone),
                     *(keys.anchor, keys.idem, keys.idem_old, keys.index),
+                    *(keys.checkpoints, keys.checkpoint_summaries, keys.branches),
                 ),
                 (*args[:11], *reservation, self._scope.period_ms, *args[11:]),
                 session=session,
@@ -225,29 +272,9 @@ class Writer:
                 refused=_refused,
             )
 
-        try:
-            reply = await self._listed(session, limits, run)
-        except CtxstoreError:
-            if lease is None:
-                await held.release()
-            raise
-        status = text(reply[0])
-        if status != Reply.OK:
-            if status == Reply.LEASE_LOST:
-                raise held.mark_lost()
-            if lease is None:
-                await held.release()
-            raise self._refusal(reply, expected_seq, session, keys.meta)
-        held.consumed()
-        return WriteResult(
-            epoch=int(reply[1]),
-            seq=int(reply[2]),
-            count=int(reply[3]),
-            superseded=int(reply[4]),
-            entry_ids=tuple(text(r) for r in reply[5:]),
-        )
+        return await self.listed(session, limits, run)
 
-    async def _listed(
+    async def listed(
         self, session: str, limits: Limits, run: Callable[[tuple[str, int]], Awaitable[Any]]
     ) -> Any:
         """Run a write that may create the session, keeping the tenant's index true around it.
@@ -299,25 +326,56 @@ class Writer:
         """Take the newest message off the session (see ``ContextStore.pop``)."""
         keys = self._scope.keys(session)
         limits = await self._quotas.resolved(session)
-        reply = await self._scope.connection.script(
-            SCRIPTS.pop,
-            (keys.log, keys.meta, keys.keep, keys.view, keys.anchor, keys.idem, keys.idem_old),
-            (
-                secrets.token_urlsafe(9),  # this call's id: a retry gets the same message
-                self._scope.period_ms,
-                limits.appends_per_second,
-                limits.append_burst,
-            ),
-            session=session,
-            replicas=self._scope.settings.replica_acks,
-            refused=_refused,
-        )
+        call = secrets.token_urlsafe(9)  # this call's id: a retry gets the same message
+        chained: tuple[Any, ...] = ()
+        for _ in range(RESERVE_ATTEMPTS):
+            reply = await self._scope.connection.script(
+                SCRIPTS.pop,
+                (
+                    *(keys.log, keys.meta, keys.keep, keys.view, keys.anchor, keys.idem),
+                    *(keys.idem_old, keys.checkpoints, keys.checkpoint_summaries),
+                ),
+                (
+                    call,
+                    self._scope.period_ms,
+                    limits.appends_per_second,
+                    limits.append_burst,
+                    *chained,
+                ),
+                session=session,
+                replicas=self._scope.settings.replica_acks,
+                refused=_refused,
+            )
+            if text(reply[0]) != Reply.BASE:
+                break
+            # The live log is empty: the newest message is the chain's (a fork's history).
+            chained = await self._chain_tail(session, reply[1])
+        else:
+            raise StoreUnavailableError(
+                "pop: the session's chain kept changing", tenant=self._scope.tenant, session=session
+            )
         if text(reply[0]) == Reply.QUOTA:
             raise self._refusal(reply, None, session, keys.meta)
         if int(reply[0]) == 0:
             return None
         entry_id = text(reply[1])
         return self._scope.codec.stored(session, [entry_id, [b"m", reply[4], b"t", reply[5]]])
+
+    async def _chain_tail(self, session: str, raw: Any) -> tuple[Any, ...]:
+        """``pop.lua``'s arguments to take the newest entry of the chain ``raw``."""
+        chain = Chain.parse(raw)
+        newest = await self._lineage.read_back(chain, 2)
+        owner, row = newest[0]
+        fields = row_fields(row)
+        before = text(newest[1][1][0]) if len(newest) > 1 else ""
+        return (
+            text(raw),
+            text(row[0]),
+            self._scope.codec.reseal(owner, session, fields[b"m"]),
+            fields[b"t"],
+            str(chain.upto(before)),
+            before,
+        )
 
     async def pin(self, session: str, entry_id: str, pinned: bool) -> bool:
         """Pin or unpin a stored message; False when no entry has that id.
@@ -329,36 +387,63 @@ class Writer:
         keys = self._scope.keys(session)
         entry_id = check_entry_id(entry_id, session)
         limits = await self._quotas.resolved(session)
-        reply = await self._scope.connection.script(
-            SCRIPTS.pin,
-            (keys.log, keys.keep, keys.meta),
-            (
-                entry_id,
-                "1" if pinned else "0",
-                limits.session_bytes,
-                limits.appends_per_second,
-                limits.append_burst,
-            ),
-            session=session,
-        )
-        if text(reply[0]) == Reply.QUOTA:
-            raise self._refusal(reply, None, session, keys.meta)
-        return int(reply[0]) == 1
+        given: tuple[Any, ...] = ()
+        for _ in range(RESERVE_ATTEMPTS):
+            reply = await self._scope.connection.script(
+                SCRIPTS.pin,
+                (keys.log, keys.keep, keys.meta),
+                (
+                    entry_id,
+                    "1" if pinned else "0",
+                    limits.session_bytes,
+                    limits.appends_per_second,
+                    limits.append_burst,
+                    *given,
+                ),
+                session=session,
+            )
+            if text(reply[0]) == Reply.QUOTA:
+                raise self._refusal(reply, None, session, keys.meta)
+            if int(reply[0]) == 1:
+                return True
+            # Not in the live log: it may be in the chain (a fork's older history).
+            ((raw_chain,),) = await self._scope.connection.transaction(
+                [("HMGET", keys.meta, Meta.CHAIN)], session=session, key=keys.meta
+            )
+            found = await self._lineage.entry(Chain.parse(raw_chain), entry_id)
+            if found is None:
+                return False
+            owner, row = found
+            fields = row_fields(row)
+            given = (
+                text(raw_chain),
+                self._scope.codec.reseal(owner, session, fields[b"m"]),
+                fields[b"t"],
+                fields.get(b"c", b""),
+                fields.get(b"r", b""),
+            )
+        return False
 
     async def set_ttl(self, session: str, seconds: int | None) -> None:
         """Give the session its own TTL, or none (see ``ContextStore.set_ttl``)."""
         keys = self._scope.keys(session)
         check_int(seconds, "seconds", low=1, high=MAX_TTL_SECONDS, optional=True, session=session)
-        found = await self._scope.connection.script(
+        ttl_ms = 0 if seconds is None else seconds * 1000
+        found, *chain = await self._scope.connection.script(
             SCRIPTS.set_ttl,
-            (keys.log, keys.meta, keys.keep, keys.view, keys.anchor, keys.index),
-            (0 if seconds is None else seconds * 1000,),
+            (
+                *(keys.log, keys.meta, keys.keep, keys.view, keys.anchor, keys.index),
+                *(keys.checkpoints, keys.checkpoint_summaries, keys.branches),
+            ),
+            (ttl_ms,),
             session=session,
         )
         if not int(found):
             raise SessionNotFoundError(
                 "no such session", tenant=self._scope.tenant, session=session
             )
+        if chain[0]:
+            await self._lineage.keep_alive(session, chain[0], ttl_ms, now=True)
 
     async def delete(self, session: str) -> bool:
         """Delete a session, leaving a tombstone; True if it existed.
@@ -368,7 +453,7 @@ class Writer:
         delete whose reply was lost answers as it was applied.
         """
         keys = self._scope.keys(session)
-        existed, spent, seen_at = await self._scope.connection.script(
+        existed, spent, seen_at, segments = await self._scope.connection.script(
             SCRIPTS.delete,
             keys.all(),
             (
@@ -383,6 +468,7 @@ class Writer:
         settings = self._scope.settings
         until = int(seen_at) + max(settings.tombstone_seconds * 1000, 2 * self._scope.period_ms)
         await self._index.unlist(int(seen_at), [(session, text(spent))], deleted_until=until)
+        await self._lineage.release(held_segments(segments))
         return int(existed) == 1
 
     def _entries(
@@ -398,46 +484,75 @@ class Writer:
             InvalidMessageError: One is malformed; its index is in the error
                 when there is more than one.
         """
+        glued = _reasoning_glue(messages)
+        return [
+            self.entry(
+                session,
+                message,
+                limits,
+                pinned=pinned,
+                calls=glued.get(("calls", index), ()),
+                results=glued.get(("results", index), ()),
+                index=index if len(messages) > 1 else None,
+            )
+            for index, message in enumerate(messages)
+        ]
+
+    def entry(
+        self,
+        session: str,
+        message: Any,
+        limits: Limits,
+        *,
+        pinned: bool,
+        calls: tuple[str, ...] = (),
+        results: tuple[str, ...] = (),
+        index: int | None = None,
+    ) -> tuple[Any, ...]:
+        """One message validated, counted and serialized, as the write scripts take it.
+
+        Args:
+            session: The session it is for (its values are sealed for it).
+            message: The message.
+            limits: The tenant's limits (the message size cap).
+            pinned: Every view must send it.
+            calls: Ids it "calls" beyond its tool calls (a reasoning item's tie).
+            results: Ids it "answers" beyond its tool results.
+            index: Its position in a batch, for the error.
+
+        Raises:
+            InvalidMessageError: It is malformed.
+        """
         scope = self._scope
         settings = scope.settings
-        out = []
-        glued = _reasoning_glue(messages)
-        for index, message in enumerate(messages):
-            try:
-                checked = check_message(
-                    message,
-                    max_bytes=limits.message_bytes,
-                    index=index if len(messages) > 1 else None,
-                )
-            except InvalidMessageError as exc:
-                exc.tenant, exc.session = scope.tenant, session
-                raise
-            tokens = count_message(scope.counter, checked.raw)
-            if checked.role in _PROTECTED_ROLES:
-                kind = Kind.SYSTEM
-            else:
-                kind = Kind.PINNED if pinned else Kind.PLAIN
-            preview = make_preview(
-                checked.raw,
-                tokens,
-                scope.counter,
-                threshold=settings.offload_threshold_tokens,
-                preview_tokens=settings.offload_preview_tokens,
-            )
-            preview_data, preview_tokens = preview if preview is not None else (b"", 0)
-            # Counted above, sealed here: tokens are never sealed.
-            out.append(
-                (
-                    scope.codec.seal(session, checked.data),
-                    tokens,
-                    kind.value,
-                    join_ids(checked.call_ids + glued.get(("calls", index), ())),
-                    join_ids(checked.result_ids + glued.get(("results", index), ())),
-                    scope.codec.seal(session, preview_data) if preview_data else b"",
-                    preview_tokens,
-                )
-            )
-        return out
+        try:
+            checked = check_message(message, max_bytes=limits.message_bytes, index=index)
+        except InvalidMessageError as exc:
+            exc.tenant, exc.session = scope.tenant, session
+            raise
+        tokens = count_message(scope.counter, checked.raw)
+        if checked.role in _PROTECTED_ROLES:
+            kind = Kind.SYSTEM
+        else:
+            kind = Kind.PINNED if pinned else Kind.PLAIN
+        preview = make_preview(
+            checked.raw,
+            tokens,
+            scope.counter,
+            threshold=settings.offload_threshold_tokens,
+            preview_tokens=settings.offload_preview_tokens,
+        )
+        preview_data, preview_tokens = preview if preview is not None else (b"", 0)
+        # Counted above, sealed here: tokens are never sealed.
+        return (
+            scope.codec.seal(session, checked.data),
+            tokens,
+            kind.value,
+            join_ids(checked.call_ids + calls),
+            join_ids(checked.result_ids + results),
+            scope.codec.seal(session, preview_data) if preview_data else b"",
+            preview_tokens,
+        )
 
     def _refusal(
         self, reply: list[Any], expected_seq: int | None, session: str, key: str
@@ -452,11 +567,4 @@ class Writer:
                 session=session,
                 key=key,
             )
-        return QuotaExceededError(
-            text(reply[1]),
-            float(reply[2]),
-            float(reply[3]),
-            tenant=tenant,
-            session=session,
-            key=key,
-        )
+        return quota_error(reply, tenant=tenant, session=session, key=key)

@@ -250,6 +250,27 @@ async def test_a_tenant_user_runs_the_whole_sdk_surface(acl: AclServer, admin: R
 
         assert await store.limits() == TenantLimits(session_tokens=1_000_000)
 
+        # Checkpoints, a fork that freezes the log into a segment, a rewind into it,
+        # its branch, an export and an import: every script and key of the history's.
+        point = await store.checkpoint("chat", name="here")
+        assert [c.checkpoint_id for c in await store.checkpoints("chat")] == [point.checkpoint_id]
+        freezing = acl.as_user(ACME_USER).model_copy(update={"bridge_entries": 3})
+        async with ContextStore.from_settings(freezing, tenant="acme") as forker:
+            fork = await forker.fork("chat", "chat-fork")
+        assert fork.copied == 3 and await store.get_messages("chat-fork") == history
+        rewound = await store.rewind("chat-fork", rest[1].entry_id)  # into the segment
+        assert await store.get_messages("chat-fork") == history[:3]
+        assert rewound.branch is not None
+        assert (
+            len((await store.read_branch("chat-fork", rewound.branch)).messages) == len(history) - 3
+        )
+        lines = [line async for line in store.export_session("chat-fork")]
+        (imported,) = await store.import_sessions(lines, session="chat-copy")
+        assert imported.count == 3
+        for session in ("chat-fork", "chat-copy"):
+            assert await store.delete(session)
+        assert await store.delete_checkpoint("chat", point.checkpoint_id)
+
         assert [m.message for m in await store.tail("chat", 2)] == history[-2:]
         popped = await store.pop("chat")
         assert popped is not None and popped.message == history[-1]

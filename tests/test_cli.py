@@ -489,6 +489,7 @@ async def test_limits_shown_are_the_limits_the_store_enforces(
         "appends_per_second": enforced.appends_per_second or None,
         "append_burst": enforced.append_burst,
         "ttl_seconds": enforced.ttl_ms // 1000 or None,
+        "checkpoints": enforced.checkpoints or None,
     }
     assert shown["message_bytes"] == cap and data["limits"]["message_bytes"]["source"] == "setting"
 

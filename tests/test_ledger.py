@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ctxstore.ledger import HEADER, NARRATIVE
+from ctxstore.ledger import HEADER, MORE, NARRATIVE
 from ctxstore.ledger import LocalSummarizer as LedgerSummarizer
 from ctxstore.models import Summary
 from ctxstore.tokens import TiktokenCounter, count_message
@@ -115,6 +115,11 @@ def section(ledger: str, heading: str) -> list[str]:
         elif inside:
             lines.append(line.removeprefix("- "))
     return lines
+
+
+def told(summary: Summary) -> str:
+    """Level 2's narrative: what follows its further facts."""
+    return summary.narrative[summary.narrative.index(NARRATIVE) :]
 
 
 def state_entries(summary: Summary) -> list[dict[str, Any]]:
@@ -690,7 +695,7 @@ async def test_ledger_and_whole_summary_fit_their_budgets(
         None, messages, max_tokens=max_tokens, ledger_tokens=ledger_tokens
     )
     budget = min(600, max_tokens // 3) if ledger_tokens is None else ledger_tokens
-    assert summary.ledger and summary.narrative.startswith(NARRATIVE + "\n- ")
+    assert summary.ledger and told(summary).startswith(NARRATIVE + "\n- ")
     assert COUNTER.count(summary.ledger) <= budget
     whole = await ledger_of(messages, ledger_tokens=100_000, max_tokens=100_000)
     if COUNTER.count(whole) > budget:  # there was more to show: the budget was used
@@ -699,16 +704,34 @@ async def test_ledger_and_whole_summary_fit_their_budgets(
     assert summary.ledger.splitlines()[1].startswith("Task: ")
 
 
+async def test_level_two_adds_the_facts_the_ledger_had_no_room_for() -> None:
+    """Level 2 holds, under its heading, the best facts the ledger left out, then the story."""
+    messages, _ = synthetic_conversation(1)
+    summarizer = LedgerSummarizer(COUNTER)
+    small = await summarizer.summarize_levels(None, messages, max_tokens=4_000, ledger_tokens=150)
+    large = await summarizer.summarize_levels(None, messages, max_tokens=4_000, ledger_tokens=3_000)
+    assert small.narrative.startswith(MORE + "\n")
+    more = small.narrative[: small.narrative.index(NARRATIVE)]
+    shown = [ln for ln in small.ledger.splitlines() if ln.startswith("- ")]
+    extra = [ln for ln in more.splitlines() if ln.startswith("- ")]
+    assert extra and not set(extra) & set(shown)  # no fact twice
+    assert set(extra) <= {ln for ln in large.ledger.splitlines() if ln.startswith("- ")}
+    assert COUNTER.count(f"{small.ledger}\n\n{small.narrative}") <= 4_000
+
+
 async def test_the_narrative_shrinks_its_oldest_bullets_first() -> None:
     """Over budget, old bullets lose their wording first; the newer ones stay whole."""
+    # A ledger with room for every fact: level 2 adds no further facts, only the story.
     messages, _ = synthetic_conversation(2)
     summarizer = LedgerSummarizer(COUNTER)
-    whole = await summarizer.summarize_levels(None, messages, max_tokens=20_000, ledger_tokens=500)
-    tight_budget = COUNTER.count(whole.ledger) + COUNTER.count(whole.narrative) * 3 // 4
-    tight = await summarizer.summarize_levels(
-        None, messages, max_tokens=tight_budget, ledger_tokens=500
+    whole = await summarizer.summarize_levels(
+        None, messages, max_tokens=200_000, ledger_tokens=100_000
     )
-    lines, all_lines = tight.narrative.splitlines()[1:], whole.narrative.splitlines()[1:]
+    tight_budget = COUNTER.count(whole.ledger) + COUNTER.count(whole.narrative) * 7 // 8
+    tight = await summarizer.summarize_levels(
+        None, messages, max_tokens=tight_budget, ledger_tokens=100_000
+    )
+    lines, all_lines = told(tight).splitlines()[1:], told(whole).splitlines()[1:]
     kept = [line in all_lines for line in lines]
     assert not kept[0] and kept[-1] and kept.index(True) > 0
     assert all(kept[kept.index(True) :])  # once a bullet is whole, every newer one is

@@ -722,6 +722,46 @@ def test_an_anchored_view_gives_way_should_a_repair_grow_a_message() -> None:
     assert plan.repairs == ["dropped unanswered call c1"]
 
 
+# -- plan_anchored: where a step cuts back to -----------------------------------
+
+
+def test_the_low_water_mark_falls_as_each_call_adds_more() -> None:
+    """A step cuts back further for a session whose calls add more: its view lasts as many calls."""
+    shape = Shape(low_water=0.8, calls=10, low_water_floor=0.5)
+    assert shape.low_water_for(4_000, None) == 0.8  # growth unknown: the configured mark
+    assert shape.low_water_for(4_000, 50) == 0.8  # (1 - 0.8) * 4,000 / 50 = 16 calls already
+    assert shape.low_water_for(4_000, 200) == pytest.approx(0.5)  # 1 - 10 * 200 / 4,000
+    assert shape.low_water_for(4_000, 150) == pytest.approx(0.625)
+    assert shape.low_water_for(4_000, 1_000) == 0.5  # never below the floor
+    # A larger budget lasts more calls (the fourth root): 20 at 64,000 tokens.
+    assert shape.low_water_for(64_000, 1_000) == pytest.approx(1 - 20 * 1_000 / 64_000)
+
+
+def _agent_turns(n: int, tokens: int) -> list[Entry]:
+    """``n`` turns: a user message, then the agent's answer, each ``tokens`` in all."""
+    out = []
+    for i in range(n):
+        out.append(Entry.of(eid(2 * i), user(f"q{i}"), tokens // 2))
+        out.append(Entry.of(eid(2 * i + 1), assistant(f"a{i}"), tokens - tokens // 2))
+    return out
+
+
+def test_a_step_cuts_a_fast_growing_view_further_back() -> None:
+    """Sessions whose turns add more keep less after a step; both stay within the budget."""
+    shape = Shape(low_water=0.8, calls=10, low_water_floor=0.4)
+    after = {}
+    for size in (40, 200):
+        raw = _agent_turns(12_000 // size, size)  # three budgets' worth
+        plan, anchor = plan_anchored(
+            [], raw, 4_000, anchor=None, levels=[], complete=True, shape=shape, epoch=0, stamp="s"
+        )
+        assert plan is not None and anchor is not None
+        assert plan.tokens <= 4_000
+        after[size] = plan.tokens
+    assert after[40] == pytest.approx(0.8 * 4_000, abs=100)  # 10 turns of 40 tokens fit easily
+    assert after[200] == pytest.approx((1 - 10 * 200 / 4_000) * 4_000, abs=100)  # 0.5
+
+
 # -- known defects -------------------------------------------------------------
 
 

@@ -87,10 +87,11 @@ def server() -> Iterator[PrivateRedis]:
         pool.stop_all()
 
 
-async def workload(url: str) -> None:
-    """Drive every script through the public API."""
+async def workload(url: str, mode: str = "eval") -> None:
+    """Drive every script through the public API (``mode``: ``eval`` or ``functions``)."""
     settings = Settings(
         redis_url=url,
+        script_mode=mode,
         key_prefix="scr",
         queue_name="scr:summaries",
         idempotency_window=3,  # rotation: RENAME and PEXPIRE of the old generation
@@ -100,6 +101,8 @@ async def workload(url: str) -> None:
         session_bytes=10**9,
         appends_per_second=10.0**6,
         max_sessions=100,
+        bridge_tokens=1_000,  # a fork freezes the source's log
+        bridge_entries=10,
     )
     queued: list[tuple[str, str, int]] = []
 
@@ -114,6 +117,22 @@ async def workload(url: str) -> None:
         await store.pin("s", pinned.entry_id, pinned=False)
         await store.pin("s", pinned.entry_id)
         assert [hit.entry_id for hit in await store.search("s", "the task")] == [pinned.entry_id]
+        point = await store.checkpoint("s", name="before the summaries")
+        assert await store.delete_checkpoint("s", point.checkpoint_id)
+        await store.checkpoint("s")
+        await store.append_many("s", conversation(2))
+        await store.rewind("s", point.entry_id)  # a branch: a segment
+        assert len((await store.read_branch("s", "br-1")).messages) == len(conversation(2))
+        fork = await store.fork("s", "s-fork")
+        first = (await store.read("s-fork", limit=1)).messages[0].entry_id
+        assert await store.pin("s-fork", first)  # an entry of the shared history
+        for _ in range(fork.copied + 1):
+            assert await store.pop("s-fork") is not None  # the last one from the chain
+        lines = [line async for line in store.export_session("s-fork")]
+        await store.delete("s-fork")
+        (imported,) = await store.import_sessions(lines)  # staged, then committed
+        assert imported.count == len(await store.get_messages("s-fork"))
+        await store.delete("s-fork")
         view = await store.view("s", token_budget=300, model="claude-x")
         await store.record_usage(view, view.stats.tokens + 20, model="claude-x")
         await store.record_overflow(model="claude-x")
@@ -174,6 +193,20 @@ async def test_scripts_touch_only_declared_keys(server: PrivateRedis) -> None:
     assert checked > 100  # the check really looked at keys
     assert ran == set(vars(SCRIPTS)), f"scripts never run: {set(vars(SCRIPTS)) - ran}"
     assert sum(len(c.inner) for c in calls) > 100
+
+
+async def test_every_script_runs_as_a_function(server: PrivateRedis) -> None:
+    """The same workload with script_mode=functions: each script runs by FCALL, none by EVAL."""
+    async with ContextStore.from_url(server.url(), "acme") as loader:
+        await loader._connection.load_functions()  # before MONITOR: the library is one long line
+    async with Monitor(server.port) as monitor:
+        await workload(server.url(), "functions")
+        logged = await monitor.drain()
+    called = {e.args[1].decode() for e in logged if e.args[0].lower() == b"fcall"}
+    assert {script.function for script in vars(SCRIPTS).values()} <= called | {
+        SCRIPTS.enqueue.function  # the queue's own connection, in its own mode
+    }
+    assert not any(e.args[0].lower() in (b"eval", b"evalsha") for e in logged)
 
 
 async def test_the_check_catches_an_undeclared_key(server: PrivateRedis) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -670,3 +671,23 @@ async def test_an_error_never_quotes_the_command_it_refused(raw_redis: Redis, te
     assert "a secret message body" not in str(error)
     assert "WRONGTYPE" in str(error)
     await raw_redis.delete(key)
+
+
+async def test_a_burst_past_the_connection_limit_waits_for_a_connection(
+    settings: Settings, tenant: str
+) -> None:
+    """More calls at once than max_connections: each waits its turn, none fails, none over."""
+    if settings.redis_cluster:
+        pytest.skip("redis-py's cluster client has no pool that waits: past the limit it fails")
+    small = settings.model_copy(update={"max_connections": 4})
+    async with ContextStore.from_settings(small, tenant=tenant) as store:
+        results = await asyncio.gather(
+            *(store.append(f"s{i % 5}", {"role": "user", "content": f"m{i}"}) for i in range(200)),
+            *(store.view(f"s{i % 5}", token_budget=1_000) for i in range(50)),
+            return_exceptions=True,
+        )
+        assert not [r for r in results if isinstance(r, BaseException)]
+        assert sum([(await store.info(f"s{i}")).count for i in range(5)]) == 200
+        pool = store._connection.client.connection_pool  # the client under test
+        opened = len(pool._available_connections) + len(pool._in_use_connections)
+        assert 1 <= opened <= 4

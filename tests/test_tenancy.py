@@ -106,6 +106,16 @@ def session_calls(store: Any, session: Any) -> dict[str, Callable[[], Awaitable[
         "tail": lambda: store.tail(session, 5),
         "search": lambda: store.search(session, "hostile content"),
         "index": lambda: store.index(session),
+        "checkpoint": lambda: store.checkpoint(session),
+        "checkpoints": lambda: store.checkpoints(session),
+        "delete_checkpoint": lambda: store.delete_checkpoint(session, "cp-1"),
+        "rewind": lambda: store.rewind(session, "1-0"),
+        "branches": lambda: store.branches(session),
+        "read_branch": lambda: store.read_branch(session, "br-1"),
+        "fork": lambda: store.fork(session, "fork-of-it"),
+        "export_session": lambda: collect(store.export_session(session)),
+        # None is the default there (the export's own id): "" stands for it.
+        "import_sessions": lambda: store.import_sessions([], session=session or ""),
     }
 
 
@@ -237,6 +247,14 @@ async def test_hostile_ids_are_refused_and_a_store_names_only_its_tenants_keys(
         assert (await store.info("_")).exists
         assert await store.delete("_")
         assert {r.session for r in await store.list_sessions()} == set(EDGE_SESSIONS) - {"_"}
+        point = await store.checkpoint("s")
+        await store.fork("s", "s-fork", at=point)
+        await store.rewind("s-fork", (await store.read("s-fork", limit=1)).messages[0].entry_id)
+        assert len(await store.branches("s-fork")) == 1
+        lines = await collect(store.export_session("s-fork"))
+        assert (await store.import_sessions(lines, session="s-copy"))[0].count == 1
+        await store.delete("s-fork")
+        await store.delete("s-copy")
 
         stored = await all_keys(private.url())
         assert stored  # the check below is not vacuous

@@ -168,7 +168,7 @@ async def test_a_move_with_a_summary_fills_to_the_low_water_with_covered_entries
         page = await store.read("s")
         covered = [m.message for m in page.messages if order(m.entry_id) <= order(covers)]
         assert any(m in covered for m in view.messages), "no covered entry was sent"
-        low = store.settings.view_low_water * budget
+        low = store.settings.view_low_water_floor * budget
         assert low - 60 <= view.stats.tokens <= budget
 
 

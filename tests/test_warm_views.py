@@ -3,8 +3,8 @@
 Two pods that keep their last views (the default) and a third that keeps
 none (``view_cache_bytes=0``, every view read cold) share one session on real
 Redis. Whatever the others do between two views of a warm pod (append, pin,
-pop, replace, summarize, move the anchor, delete), its view is the cold
-pod's, byte for byte.
+pop, replace, summarize, move the anchor, rewind, fork and freeze the log,
+delete), its view is the cold pod's, byte for byte.
 """
 
 from __future__ import annotations
@@ -85,6 +85,18 @@ async def test_what_other_pods_do_between_two_views_is_never_missed(
         await b.pop("s")
         await b.append("s", user("instead"))
         await same_as_cold(a, c, "s", 600)
+        # A rewind by another pod, and a fork that freezes the log under the warm copy.
+        tail = await b.tail("s", 3)
+        await b.rewind("s", tail[0].entry_id)
+        await same_as_cold(a, c, "s", 600)
+        frozen = ContextStore.from_settings(
+            summary_settings.model_copy(update={"bridge_entries": 5}), tenant=a.tenant
+        )
+        async with frozen:
+            await frozen.fork("s", "s-fork")
+        await b.append("s", user("after the freeze"))
+        await same_as_cold(a, c, "s", 600)
+        await same_as_cold(a, c, "s-fork", 600)
         # A system message appended by another pod.
         await b.append("s", system("new rules"))
         await same_as_cold(a, c, "s", 600)
@@ -121,7 +133,20 @@ async def test_a_session_that_expired_and_came_back_is_read_cold(
         assert "old life" not in json.dumps(view.messages)
 
 
-OPS = ["append", "exchange", "system", "pin", "unpin", "pop", "replace", "summarize", "view-b"]
+OPS = [
+    "append",
+    "exchange",
+    "system",
+    "pin",
+    "unpin",
+    "pop",
+    "replace",
+    "summarize",
+    "view-b",
+    "rewind",
+    "fork",
+    "checkpoint",
+]
 
 
 @settings_(
@@ -136,7 +161,9 @@ async def test_interleaved_pods_always_get_the_cold_view(
 ) -> None:
     """Any interleaving of other pods' writes and views: the warm pod sends the cold view."""
     session = f"w{uuid.uuid4().hex[:8]}"
-    async with pods(summary_settings, tenant) as (a, b, c):
+    # Small bridges: a fork of a dozen messages freezes the source's log.
+    small = summary_settings.model_copy(update={"bridge_entries": 10, "bridge_tokens": 1_000})
+    async with pods(small, tenant) as (a, b, c):
         await b.append_many(session, [SYSTEM, *(turn(i) for i in range(12))])
         await same_as_cold(a, c, session, budget)
         for n, (op, pick) in enumerate(steps):
@@ -161,6 +188,15 @@ async def test_interleaved_pods_always_get_the_cold_view(
                 await b.summarize(session, LocalSummarizer())
             elif op == "view-b":
                 await b.view(session, token_budget=budget)
+            elif op == "rewind" and target:
+                await b.rewind(session, target)
+            elif op == "checkpoint":
+                await b.checkpoint(session)
+            elif op == "fork":
+                fork = await b.fork(session, f"{session}-{n}")
+                await same_as_cold(a, c, fork.session, budget)
+                await b.append(fork.session, user("only in the fork"))
+                await same_as_cold(a, c, fork.session, budget)
             await same_as_cold(a, c, session, budget)
 
 
@@ -204,3 +240,23 @@ async def test_delete_and_forget_drop_this_pods_copies(settings: Settings, tenan
         assert len(warm_views) == 1
         await store.forget_tenant()
         assert len(warm_views) == 0 and warm_views.bytes == 0
+
+
+async def test_a_pod_reads_the_protected_copies_once_per_change(
+    settings: Settings, tenant: str
+) -> None:
+    """A pod's cold read takes system and pinned copies from its other copy while they hold."""
+    async with pods(settings, tenant) as (a, _, c):
+        await a.append_many("s", [SYSTEM, system("more rules"), *(turn(i) for i in range(60))])
+        await same_as_cold(a, c, "s", 2_000)
+        # Another budget: read cold, but for the two system copies, which a holds.
+        warm, cold = await a.view("s", token_budget=700), await c.view("s", token_budget=700)
+        assert dumped(warm) == dumped(cold)
+        assert warm.stats.entries_read == cold.stats.entries_read - 2
+        # A pin changes them: read again, with the new one.
+        stored = (await a.read("s")).messages
+        assert await c.pin("s", stored[5].entry_id)
+        warm, cold = await a.view("s", token_budget=900), await c.view("s", token_budget=900)
+        assert dumped(warm) == dumped(cold)
+        assert warm.stats.entries_read == cold.stats.entries_read
+        assert stored[5].message in warm.messages

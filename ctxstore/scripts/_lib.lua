@@ -1,6 +1,108 @@
 -- _lib: functions the scripts share. Script.load puts this file in front of
 -- every script, so each one is still sent (and cached) as a single source.
 
+-- The fields of the cached summary (the view hash) a checkpoint copies, as
+-- '<checkpoint id>:<field>' in the session's checkpoint summaries.
+local SUMMARY_COPY = {'l1', 'n1', 'l2', 'n2', 'covers', 'epoch', 'model', 'state'}
+
+-- Drop checkpoint `id` from the hashes `checkpoints` and `sums` (its summary's copy),
+-- giving its bytes back in `meta` (when the session is there). The bytes it held, or
+-- false if it was not there.
+local function drop_checkpoint(meta, checkpoints, sums, id)
+  local body = redis.call('HGET', checkpoints, id)
+  if not body then return false end
+  local size = #body
+  for _, name in ipairs(SUMMARY_COPY) do
+    local value = redis.call('HGET', sums, id .. ':' .. name)
+    if value then
+      size = size + #value
+      redis.call('HDEL', sums, id .. ':' .. name)
+    end
+  end
+  redis.call('HDEL', checkpoints, id)
+  if redis.call('HEXISTS', meta, 'seq') == 1 then
+    local bytes = tonumber(redis.call('HGET', meta, 'bytes')) or 0
+    redis.call('HSET', meta, 'bytes', math.max(0, bytes - size))
+  end
+  return size
+end
+
+-- Make each key of `...` last at least `ttl` ms (0: for ever). TTLs only grow: a key
+-- that never expires stays so, as its readers may need it for ever.
+local function outlive(ttl, ...)
+  for _, key in ipairs({...}) do
+    if ttl == 0 then
+      redis.call('PERSIST', key)
+    elseif ttl > 0 then
+      local left = redis.call('PTTL', key)
+      if left >= 0 and left < ttl then redis.call('PEXPIRE', key, ttl) end
+    end
+  end
+end
+
+-- True when entry id `a` comes before entry id `b` ('' comes before every id).
+local function id_before(a, b)
+  if a == '' or b == '' then return a == '' and b ~= '' end
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  ams, bms = tonumber(ams), tonumber(bms)
+  return ams < bms or (ams == bms and tonumber(aseq) < tonumber(bseq))
+end
+
+-- `s` cut at each `sep` (a plain string), empty parts kept.
+local function split(s, sep)
+  local out, start = {}, 1
+  while true do
+    local at = string.find(s, sep, start, true)
+    if not at then
+      table.insert(out, string.sub(s, start))
+      return out
+    end
+    table.insert(out, string.sub(s, start, at - 1))
+    start = at + #sep
+  end
+end
+
+-- A stream row's fields ({name, value, ...}) by name.
+local function row_fields(row)
+  local f = {}
+  for j = 1, #row[2], 2 do f[row[2][j]] = row[2][j + 1] end
+  return f
+end
+
+-- Add rows read from a stream (XRANGE's {id, {field, value...}}) to `log`, ids kept.
+local function copy_rows(log, rows)
+  for _, row in ipairs(rows) do redis.call('XADD', log, row[1], unpack(row[2])) end
+end
+
+-- Record a new segment's info hash `info`: its last entry `last`, the history's
+-- messages and tokens there, and `holder` as a session that reads it.
+local function new_segment(info, last, n, k, holder, now)
+  redis.call('HSET', info, 'end', last, 'n', n, 'k', k, 'made', now, 'h:' .. holder, '0')
+end
+
+-- The segments a session reads ('owner:id,...', '-' for none): those of its chain (meta
+-- 'chain') and of its branches' (hash `branches`), for the caller to release once the
+-- session lets them go.
+local function held_segments(meta, branches)
+  local found, seen = {}, {}
+  local function add(chain)
+    for owner, id in string.gmatch(chain or '', '([^: ]+):([^: ]+):[^: ]+') do
+      local name = owner .. ':' .. id
+      if not seen[name] then
+        seen[name] = true
+        table.insert(found, name)
+      end
+    end
+  end
+  add(redis.call('HGET', meta, 'chain'))
+  for _, value in ipairs(redis.call('HVALS', branches)) do
+    local ok, branch = pcall(cjson.decode, value)
+    if ok and type(branch) == 'table' and type(branch.chain) == 'string' then add(branch.chain) end
+  end
+  return #found > 0 and table.concat(found, ',') or '-'
+end
+
 -- The time in ms: `arg` when it is a number (an injected clock), else the server's.
 local function now_ms(arg)
   local now = tonumber(arg)
@@ -103,11 +205,11 @@ local function record(idem, call, reply, period)
   if ttl < 2 * period then redis.call('PEXPIRE', idem, 2 * period) end
 end
 
--- Add one message to the stream `log` and, for a system or pinned one (kind 's'
--- or 'p'), its copy to `keep`; the entry id. Stream fields: m (the message),
--- t (tokens), then c (call ids), r (result ids), v and vt (the preview and its
--- tokens) when there are any.
-local function add_entry(log, keep, data, tokens, kind, calls, results, preview, preview_tokens)
+-- A stream entry's fields: m (the message), t (tokens), then c (call ids), r (result
+-- ids), v and vt (the preview and its tokens) when there are any, and n and k: the
+-- history's messages and tokens up to and including this one (so a fork or a rewind
+-- to it reads no other).
+local function entry_fields(data, tokens, calls, results, preview, preview_tokens, n, k)
   local fields = {'m', data, 't', tokens}
   if calls ~= '' then table.insert(fields, 'c') table.insert(fields, calls) end
   if results ~= '' then table.insert(fields, 'r') table.insert(fields, results) end
@@ -115,6 +217,40 @@ local function add_entry(log, keep, data, tokens, kind, calls, results, preview,
     table.insert(fields, 'v') table.insert(fields, preview)
     table.insert(fields, 'vt') table.insert(fields, preview_tokens)
   end
+  table.insert(fields, 'n') table.insert(fields, n)
+  table.insert(fields, 'k') table.insert(fields, k)
+  return fields
+end
+
+-- Add entries given in `argv` (a script's ARGV: a function of the library gets its own)
+-- from `at` on, 9 each (id, m, t, c, r, v, vt, n, k), to `log`, their ids kept; the bytes
+-- they hold.
+local function add_given(log, argv, at, count)
+  local bytes = 0
+  for i = 0, count - 1 do
+    local a = at + i * 9
+    redis.call('XADD', log, argv[a], unpack(entry_fields(argv[a + 1], argv[a + 2], argv[a + 3],
+               argv[a + 4], argv[a + 5], argv[a + 6], argv[a + 7], argv[a + 8])))
+    bytes = bytes + #argv[a + 1] + #argv[a + 5]
+  end
+  return bytes
+end
+
+-- `argv` from `at`: a count, then that many pairs; the pairs (flat), and the index after.
+local function given_pairs(argv, at)
+  local out = {}
+  for i = 1, tonumber(argv[at]) do
+    table.insert(out, argv[at + 2 * i - 1])
+    table.insert(out, argv[at + 2 * i])
+  end
+  return out, at + 1 + 2 * tonumber(argv[at])
+end
+
+-- Add one message to the stream `log` and, for a system or pinned one (kind 's'
+-- or 'p'), its copy to `keep`; the entry id.
+local function add_entry(log, keep, data, tokens, kind, calls, results, preview, preview_tokens,
+                         n, k)
+  local fields = entry_fields(data, tokens, calls, results, preview, preview_tokens, n, k)
   local id = redis.call('XADD', log, '*', unpack(fields))
   if kind ~= '' then
     redis.call('HSET', keep, id, keep_value(kind, tokens, calls, results, data))

@@ -9,13 +9,14 @@
 -- KEYS[7] gone   a deleted session's tombstone: "epoch seq [rate_tokens rate_at]"
 -- KEYS[8] anchor the views' anchors (only its TTL is touched here)
 -- KEYS[9] index  the search index (only its TTL is touched here)
+-- KEYS[10] checkpoints, KEYS[11] checkpoint summaries, KEYS[12] branches (TTLs only)
 -- ARGV[1] expected seq, or '' to append unconditionally
 -- ARGV[2] default TTL in ms, or '' (a TTL set on the session wins)
 -- ARGV[3] idempotency window: keys per generation, at most
 -- ARGV[4] summary threshold: tokens past the watermark that make a summary due (0: never)
 -- ARGV[5] n, the number of messages
--- ARGV[6] idempotency period (ms): a generation also ends after this long, and
---         each generation expires one period after it ends
+-- ARGV[6] idempotency period (ms): a generation also ends after this long; it
+--         expires two periods after it began (one after it ends, once renamed old)
 -- ARGV[7] quota: the most bytes in the session (0: none)
 -- ARGV[8] quota: the most tokens in the session (0: none)
 -- ARGV[9] quota: appends per second for the session (0: none)
@@ -38,14 +39,15 @@
 -- (so it is listed, and counted by the session quota, before it exists), and
 -- a session deleted and written again continues its epoch and sequence.
 --
--- Returns {'ok', due_generation, created 0/1, (entry id, seq, epoch, duplicate 0/1) per message},
+-- Returns {'ok', due_generation, created 0/1, the session's chain ('' for none: lineage.py),
+--      its TTL in ms ('' for none), (entry id, seq, epoch, duplicate 0/1) per message},
 --      {'conflict', current seq, fresh 0/1, now}, {'quota', name, limit, value, fresh, now}
 --      or {'reserve'} (no live reservation for a session this would create).
 
 local PER = 8
 local FIRST = 13  -- ARGV index before the first message's arguments
 local meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
-                        'wm_tokens', 'sq', 'first_id', 'idem_since', 'bytes', 'idle')
+                        'wm_tokens', 'sq', 'first_id', 'idem_since', 'bytes', 'idle', 'chain')
 local seq = tonumber(meta[1])
 local epoch = tonumber(meta[2]) or 0
 local count = tonumber(meta[3]) or 0
@@ -64,9 +66,11 @@ for i = 1, n do
 end
 
 local creating = seq == nil and fresh > 0
-local now = now_ms(ARGV[13])
+-- The time only when a creation or a refusal needs it: the steady state reads no clock.
+local now = nil
 local bucket = nil
 if creating then
+  now = now_ms(ARGV[13])
   local refusal
   refusal, epoch, seq, bucket = creation(KEYS[7], ARGV[11], ARGV[12], now)
   if refusal then return refusal end
@@ -75,7 +79,7 @@ seq = seq or 0
 local is_new = creating and 1 or 0
 
 if fresh > 0 and ARGV[1] ~= '' and tonumber(ARGV[1]) ~= seq then
-  return {'conflict', seq, is_new, now}
+  return {'conflict', seq, is_new, now or now_ms(ARGV[13])}
 end
 
 local bytes = tonumber(meta[11]) or 0
@@ -99,7 +103,7 @@ if fresh > 0 then
   end
   if refusal then
     table.insert(refusal, is_new)
-    table.insert(refusal, now)
+    table.insert(refusal, now or now_ms(ARGV[13]))
     return refusal
   end
   bytes = bytes + new_bytes
@@ -111,7 +115,8 @@ local window = tonumber(ARGV[3])
 local period = tonumber(ARGV[6])
 local since = tonumber(meta[10]) or 0
 local since_changed = false
-local out = {'ok', 0, is_new}
+local ttl = tonumber(meta[5]) or tonumber(ARGV[2])
+local out = {'ok', 0, is_new, meta[13] or '', ttl or ''}
 local answers = false  -- a new message answers a tool call: an open exchange may be closed
 local kept = false  -- a new message is system or pinned: the keep hash changed
 local first_id = meta[9]
@@ -127,7 +132,7 @@ for i = 1, n do
   else
     local t = tonumber(ARGV[base + 2])
     local id = add_entry(KEYS[1], KEYS[5], ARGV[base + 1], t, ARGV[base + 4], ARGV[base + 5],
-                         ARGV[base + 6], ARGV[base + 7], ARGV[base + 8])
+                         ARGV[base + 6], ARGV[base + 7], ARGV[base + 8], count + 1, tokens + t)
     answers = answers or ARGV[base + 6] ~= ''
     kept = kept or ARGV[base + 4] ~= ''
     seq = seq + 1
@@ -148,6 +153,9 @@ for i = 1, n do
       since_changed = true
     end
     redis.call('HSET', KEYS[3], ARGV[base + 3], id .. ' ' .. seq .. ' ' .. epoch)
+    -- A generation takes at most one period of appends, and expires two periods after
+    -- it began: each key is kept at least one period, with one PEXPIRE per generation.
+    if idem_n == 0 then redis.call('PEXPIRE', KEYS[3], 2 * period) end
     idem_n = idem_n + 1
     table.insert(out, id)
     table.insert(out, seq)
@@ -163,8 +171,6 @@ redis.call('HSET', KEYS[2], 'seq', seq, 'epoch', epoch, 'count', count, 'tokens'
 if since_changed then redis.call('HSET', KEYS[2], 'idem_since', since) end
 -- The keep hash's version: a pod's cached view reads the protected copies again.
 if kept then redis.call('HINCRBY', KEYS[2], 'kv', 1) end
--- The current generation goes too when the session falls quiet.
-redis.call('PEXPIRE', KEYS[3], 2 * period)
 
 local threshold = tonumber(ARGV[4])
 if threshold > 0 and meta[8] ~= '1' and tokens - (tonumber(meta[7]) or 0) >= threshold then
@@ -177,8 +183,7 @@ if threshold > 0 and meta[8] ~= '1' and tokens - (tonumber(meta[7]) or 0) >= thr
   end
 end
 
-local ttl = tonumber(meta[5]) or tonumber(ARGV[2])
 if ttl and ttl > 0 then
-  for _, k in ipairs({1, 2, 5, 6, 8, 9}) do redis.call('PEXPIRE', KEYS[k], ttl) end
+  for _, k in ipairs({1, 2, 5, 6, 8, 9, 10, 11, 12}) do redis.call('PEXPIRE', KEYS[k], ttl) end
 end
 return out

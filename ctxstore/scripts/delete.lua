@@ -1,7 +1,7 @@
 -- delete: delete a session, leaving a tombstone that carries its epoch and sequence on.
 --
--- KEYS[1..9] the session's keys (log, meta, view, lease, idem, idem_old, keep, anchor,
--- index), KEYS[10] gone
+-- KEYS[1..12] the session's keys (log, meta, view, lease, idem, idem_old, keep, anchor,
+-- index, checkpoints, checkpoint summaries, branches), KEYS[13] gone
 -- ARGV[1] this call's id (random, the same on every retry of the call)
 -- ARGV[2] how long the tombstone lasts, ms
 -- ARGV[3] now in ms, or '' to use the Redis server's clock
@@ -18,22 +18,29 @@
 -- recorded reply, whatever happened since (another pod's append that
 -- created the session again is not deleted a second time).
 --
--- Returns {existed 0/1, the reservation that created the deleted session (or ''), now}.
+-- Its segments (its chain's and its branches', lineage.py) are not deleted here: a fork
+-- may still read them; they are returned for the caller to release.
+--
+-- Returns {existed 0/1, the reservation that created the deleted session (or ''), now,
+-- the segments it read ('owner:id,...', or '-')}.
 local now = now_ms(ARGV[3])
 local prev = recorded(KEYS[5], KEYS[6], ARGV[1])
 if prev then
-  local existed, rsv = string.match(prev, '^(%d) ?(%S*)$')
-  return {tonumber(existed), rsv, now}
+  if prev == '0' then return {0, '', now, '-'} end
+  local rsv, segments = string.match(prev, '^1 (%S*) ?(%S*)$')
+  return {1, rsv or '', now, (segments or '') ~= '' and segments or '-'}
 end
 local meta = redis.call('HMGET', KEYS[2], 'epoch', 'seq', 'rsv', 'rl_tokens', 'rl_at')
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[8], KEYS[9])
+local segments = held_segments(KEYS[2], KEYS[12])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
+           KEYS[11], KEYS[12])
 local period = tonumber(ARGV[4])
 if not meta[2] then  -- nothing, or a lease's fence alone
   record(KEYS[5], ARGV[1], '0', period)
-  return {0, '', now}
+  return {0, '', now, '-'}
 end
-redis.call('SET', KEYS[10], tombstone(meta[1], meta[2], meta[4], meta[5]),
+redis.call('SET', KEYS[13], tombstone(meta[1], meta[2], meta[4], meta[5]),
            'PX', tonumber(ARGV[2]))
 local rsv = meta[3] or ''
-record(KEYS[5], ARGV[1], '1 ' .. rsv, period)
-return {1, rsv, now}
+record(KEYS[5], ARGV[1], '1 ' .. rsv .. ' ' .. segments, period)
+return {1, rsv, now, segments}

@@ -6,6 +6,9 @@
 -- ARGV[3] quota: the most bytes in the session (0: none)
 -- ARGV[4] quota: appends per second (0: none): a pin counts as one write
 -- ARGV[5] quota: the burst that rate allows
+-- An entry of the chain (lineage.py: older than the live log, a fork's) is pinned with
+-- its values given: ARGV[6] the chain they were read from, ARGV[7] the message (sealed
+-- for this session), ARGV[8] its tokens, ARGV[9] call ids, ARGV[10] result ids.
 --
 -- Race it closes: an entry that a concurrent replace or clear removed is
 -- not pinned (the check and the write are one step). System messages stay
@@ -16,14 +19,20 @@
 -- Each change bumps meta 'kv' (the keep hash's version), which tells a pod's
 -- cached view that its copy of the protected messages is stale.
 --
--- Returns {1} if the entry exists (and is now as asked), {0} if it does not,
--- or {'quota', name, limit, value}.
+-- Returns {1} if the entry exists (and is now as asked), {0} if it does not (or is in the
+-- chain and its values were not given, or were read from another chain), or
+-- {'quota', name, limit, value}.
 local found = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1], 'COUNT', 1)[1]
-if not found then return {0} end
+local f
+if found then
+  f = row_fields(found)
+elseif ARGV[6] and ARGV[6] ~= '' and redis.call('HGET', KEYS[3], 'chain') == ARGV[6] then
+  f = {m = ARGV[7], t = ARGV[8], c = ARGV[9], r = ARGV[10]}
+else
+  return {0}
+end
 local held = redis.call('HGET', KEYS[2], ARGV[1])
 if held and string.sub(held, 1, 1) == 's' then return {1} end
-local f = {}
-for j = 1, #found[2], 2 do f[found[2][j]] = found[2][j + 1] end
 local size = #f['m']
 if ARGV[2] == '1' then
   if held then return {1} end

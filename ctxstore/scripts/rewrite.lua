@@ -4,6 +4,8 @@
 -- KEYS[7] anchor (the views' anchors: a new history starts with none),
 -- KEYS[8] idem, KEYS[9] idem_old (where this call's reply is recorded)
 -- KEYS[10] index (the search index: the history it covers is gone)
+-- KEYS[11] checkpoints, KEYS[12] checkpoint summaries, KEYS[13] branches (they point
+-- into the history this one supersedes: gone with it)
 -- ARGV[1] our lease token
 -- ARGV[2] our fence
 -- ARGV[3] now in ms, or '' to use the Redis server's clock
@@ -34,7 +36,8 @@
 -- replaced, cleared or deleted). Appends ordered before this script belong
 -- to the superseded history; appends after it land in the new one.
 --
--- Returns {'ok', epoch, seq, count, superseded, ids...}, {'lease_lost', fresh 0/1, now},
+-- Returns {'ok', epoch, seq, count, superseded, segments the old history read ('owner:id,...'
+-- or '-'), ids...}, {'lease_lost', fresh 0/1, now},
 -- {'conflict', current seq, fresh 0/1, now}, {'quota', name, limit, value, fresh, now}
 -- or {'reserve'}.
 local n = tonumber(ARGV[6])
@@ -90,15 +93,18 @@ if creating then created(KEYS[2], KEYS[6], ARGV[12]) end
 local superseded = tonumber(meta[3]) or 0
 epoch = epoch + 1
 seq = seq + 1
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[7], KEYS[10])
-local out = {'ok', epoch, seq, n, superseded}
+-- The segments the old history read (lineage.py) are the caller's to release.
+local segments = held_segments(KEYS[2], KEYS[13])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[7], KEYS[10], KEYS[11], KEYS[12], KEYS[13])
+redis.call('HDEL', KEYS[2], 'chain', 'base', 'origin')
+local out = {'ok', epoch, seq, n, superseded, segments}
 local tokens = 0
 local first_id, last_id = '', ''
 for i = 1, n do
   local base = FIRST + (i - 1) * PER
   local t = tonumber(ARGV[base + 2])
   local id = add_entry(KEYS[1], KEYS[3], ARGV[base + 1], t, ARGV[base + 3], ARGV[base + 4],
-                       ARGV[base + 5], ARGV[base + 6], ARGV[base + 7])
+                       ARGV[base + 5], ARGV[base + 6], ARGV[base + 7], i, tokens + t)
   if i == 1 then first_id = id end
   last_id = id
   tokens = tokens + t

@@ -1,6 +1,7 @@
 -- set_ttl: give an existing session its own TTL, or none, in one step.
 --
--- KEYS[1] log, KEYS[2] meta, KEYS[3] keep, KEYS[4] view, KEYS[5] anchor, KEYS[6] index
+-- KEYS[1] log, KEYS[2] meta, KEYS[3] keep, KEYS[4] view, KEYS[5] anchor, KEYS[6] index,
+-- KEYS[7] checkpoints, KEYS[8] checkpoint summaries, KEYS[9] branches
 -- ARGV[1] the TTL in ms, or 0 for none (the session never expires, whatever
 --         the tenant's default)
 --
@@ -10,11 +11,14 @@
 -- included: "none" outlives the next write); the lease and the idempotency
 -- keys keep their own expiry.
 --
--- Returns 1, or 0 when the session does not exist.
-if redis.call('HEXISTS', KEYS[2], 'seq') == 0 then return 0 end
+-- The segments its history starts in (lineage.py) are the caller's to stretch: it gets
+-- the session's chain back.
+--
+-- Returns {1, chain ('' for none)}, or {0} when the session does not exist.
+if redis.call('HEXISTS', KEYS[2], 'seq') == 0 then return {0} end
 local ttl = tonumber(ARGV[1])
 redis.call('HSET', KEYS[2], 'ttl', ttl)
 for _, key in ipairs(KEYS) do
   if ttl > 0 then redis.call('PEXPIRE', key, ttl) else redis.call('PERSIST', key) end
 end
-return 1
+return {1, redis.call('HGET', KEYS[2], 'chain') or ''}
