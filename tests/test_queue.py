@@ -132,6 +132,17 @@ def test_arq_gets_the_sentinels_and_a_request_path_never_retries_a_connection() 
     assert worker.sentinel and worker.conn_retries == STARTUP_CONN_RETRIES
 
 
+def test_a_burst_worker_runs_no_sweep_and_a_standing_one_sweeps_from_its_start() -> None:
+    """A burst's job count is its queue's: a sweep would join it only when it spans :00."""
+    pytest.importorskip("arq", reason="the summary worker needs ctxstore[worker]")
+    from workers import worker_options
+
+    settings = Settings()
+    assert worker_options(settings, summarizer=FakeSummarizer(), burst=True)["cron_jobs"] == []
+    (cron,) = worker_options(settings, summarizer=FakeSummarizer())["cron_jobs"]
+    assert (cron.second, cron.run_at_startup, cron.unique) == (0, True, True)
+
+
 # -- Sentinel -----------------------------------------------------------------------------
 
 

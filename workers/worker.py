@@ -479,7 +479,7 @@ def worker_options(
     Args:
         settings: The settings (queue, Redis, summarizer).
         summarizer: The summarizer; from the settings by default.
-        burst: Stop once the queue is empty.
+        burst: Stop once the queue is empty; no sweep runs.
         job_timeout: Seconds a job may run (a job whose worker died is run
             again this long plus 10 s later); from the summarizer timeout by
             default.
@@ -504,12 +504,17 @@ def worker_options(
                 max_tries=MAX_TRIES,
             )
         ],
-        "cron_jobs": [
+        # A burst worker drains the queue and stops: its sweep would run only
+        # when the burst spans a minute's start, so it runs none (`ctxstore
+        # sweep` is the sweep on demand).
+        "cron_jobs": []
+        if burst
+        else [
             cron(
                 sweep_sessions,
                 name=f"{settings.key_prefix}:sweep",
                 second=0,
-                run_at_startup=not burst,
+                run_at_startup=True,
                 unique=True,
                 # arq keeps one in-progress TTL for all functions (the longest
                 # timeout + 10 s): a longer sweep timeout would delay the re-run
