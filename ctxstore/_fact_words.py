@@ -182,7 +182,8 @@ _MARKER = re.compile(
     re.I,
 )
 _CORRECTIVE = re.compile(
-    r"^(?:actually|correction|update|scratch that|wait|sorry|oops|my mistake|change of plans?)\b"
+    r"^(?:actually|correction|update|scratch that|(?:no,? )?wait|sorry|oops|my mistake"
+    r"|change of plans?|on second thought)\b|\bafter all\W*$"
     r"|\b(?:correcting myself|earlier note|re-?checked|scratch what|forget|got .{1,40} wrong)\b"
     r"|\b(?:instead of|rather than|changed? (?:it )?to|moved to|is now|are now|no longer"
     r"|switch(?:ed)? to|bump(?:ed)? to|updated to|revised to|not\s.{1,40}\bbut)\b",
@@ -222,7 +223,8 @@ _DECISION = re.compile(
     r"|drop|stay)|let's (?:use|go with|keep|switch|move|adopt|stick with|drop)|going with|go with"
     r"|chose|chosen|settled on|agreed|opted (?:for|to)|the plan is|we(?:'re| are) going to"
     r"|switch(?:ing|ed)?\b.{0,40}\bto|stick with|recommend|picked|final answer|wins for|went with"
-    r"|going for)\b|^use\b(?!.*\bas\b)",
+    r"|going for|let's do|new direction|call made|made the call|going ahead with"
+    r"|(?:i'm|we're|i am|we are) moving to)\b|^use\b(?!.*\bas\b)",
     re.I,
 )
 # Standing instructions on how to work: language, format, tools, style.

@@ -86,6 +86,9 @@ class Entry:
     words: list[str] = field(default_factory=list)
     shape: str = ""  # the shape of the sentence or line it was read from (``_shapes``)
     weight: int = 0  # how much the sentence it was read from says it matters (``_notes``)
+    # The content words of the whole sentence it was read from: a correction may name the
+    # subject by words outside the clause ("Loop in X; they're who signs off on the budget").
+    about: list[str] = field(default_factory=list)
 
 
 class Fact(NamedTuple):
@@ -111,6 +114,7 @@ def statements(text: str) -> Iterator[tuple[str, list[Fact]]]:
     # What a correction named before giving the new value: "I got the X wrong. It's Y.",
     # "X is no longer 3.25; use 3.52", "Forget X for the Y. We go with Z."
     carry = _Carry(None, None, False)
+    held = False  # the carry has passed over a sentence already: it reaches one more, no further
     for sentence in _sentences(text):
         wrong = _WRONG.search(sentence)
         if wrong:
@@ -131,7 +135,10 @@ def statements(text: str) -> Iterator[tuple[str, list[Fact]]]:
                 facts, carry = _clause_facts(clause, marked, carry)
                 found += facts
                 last = facts[-1].entry if facts else last
-        carry = carry if not found and (carry.subject or carry.was) else _Carry(None, None, False)
+        if found or held or not (carry.subject or carry.was):
+            carry, held = _Carry(None, None, False), False
+        else:
+            held = True  # "I got the X wrong. It's Y.": the next sentence gives the value
         yield sentence, found
 
 

@@ -20,10 +20,10 @@ import re
 from typing import NamedTuple
 
 from ctxstore._fact_words import _CORRECTIVE, Kind
-from ctxstore._facts import Entry, _statement, _values, clip, content, plain, signature
+from ctxstore._facts import Entry, _statement, _values, _was, clip, content, plain, signature
 from ctxstore._shapes import values as spans
 
-__all__ = ["Note", "note"]
+__all__ = ["ABOUT", "Note", "note"]
 
 # Someone asks for this to be kept, or marks it as worth keeping.
 _MEMORY = re.compile(
@@ -54,7 +54,9 @@ _STATED = re.compile(
 _CHANGED = re.compile(
     r"(?<!for )(?<!right )(?<!just )(?<!by )(?<!until )(?<!to )\bnow\b"
     r"|\b(?:changed|previously|previous:|formerly|as amended|amended|new direction"
-    r"|revised|update[ds]?:?"
+    r"|revised|update[ds]?:?|(?:that|this) changes|changes things|after all|no wait|should read"
+    r"|on second thought|turns? out|make (?:that|it)|correcting|re-?checking|my mistake"
+    r"|(?:i'm|we're|i am|we are) (?:moving|switching|changing)"
     r"|the (?:right|correct|new) (?:one|value|figure|number|date)|no longer|any ?more"
     r"|correction|corrected|superseded|replaced|moved (?:to|from)|instead)\b",
     re.I,
@@ -84,6 +86,7 @@ class Note(NamedTuple):
     entry: Entry  # its weight says how much it matters
     changed: bool  # it says it replaces something said before
     values: tuple[str, ...]  # the values it states, as written
+    was: str | None = None  # the value it names as replaced ("(was X)", "rather than X")
 
 
 def note(unit: str, *, user: bool, tool: bool = False) -> Note | None:
@@ -101,7 +104,8 @@ def note(unit: str, *, user: bool, tool: bool = False) -> Note | None:
     kind = _statement(text)
     memory = bool(_MEMORY.search(text))
     stated = bool(_STATED.search(text))
-    changed = bool(_CHANGED.search(text) or _CORRECTIVE.search(text))
+    was = _was(text) or _cell_was(text)
+    changed = bool(was or _CHANGED.search(text) or _CORRECTIVE.search(text))
     asserted = bool(_ASSERTED.search(text))
     reported = bool(_REPORTED.search(text))
     words = content(text)
@@ -123,8 +127,23 @@ def note(unit: str, *, user: bool, tool: bool = False) -> Note | None:
         user=user,
         words=words,
         weight=weight,
+        about=words[:ABOUT],
     )
-    return Note(entry, changed, said)
+    return Note(entry, changed, said, was)
+
+
+ABOUT = 16
+"""The most words of its sentence an entry keeps to be found by (:attr:`Entry.about`)."""
+
+_WAS_CELL = re.compile(
+    r"(?:^|\|)\s*(?:was|previously|formerly|old:?)\s+(?P<old>[^|]+?)\s*(?:\||$)", re.I
+)
+
+
+def _cell_was(text: str) -> str | None:
+    """The old value a table row names in a cell of its own ("| was X |")."""
+    found = _WAS_CELL.search(text)
+    return " ".join(found["old"].split()[:5]) if found else None
 
 
 _THRESHOLD = 3

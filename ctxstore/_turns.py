@@ -311,6 +311,10 @@ def _data_notes(line: str) -> list[Note]:
         return _noted(field["v"], line) if len(field["v"].split()) >= 4 else []  # prose
     if body.count("|") >= 2:
         cells = [c.strip() for c in body.strip("|").split("|")]
+        # "| Signing key | Ana | keys/new.pem | was keys/old.pem |": the value before the "was".
+        at = next((k for k, c in enumerate(cells) if k >= 2 and _WAS_CELL.match(c)), None)
+        if at is not None and _LABEL.fullmatch(cells[0]) and cells[at - 1] not in ("", "-"):
+            return _noted(f"{cells[0]}: {cells[at - 1]} ({cells[at]})", line)
         for j, cell in enumerate(cells[:-1]):
             value = cells[j + 1]
             if _LABEL.fullmatch(cell) and value and value != "-" and not _LABEL.fullmatch(value):
@@ -320,6 +324,9 @@ def _data_notes(line: str) -> list[Note]:
     if body != line.strip() and len(body.split()) >= 3 and not _CODE.search(body):
         return _noted(body, line)
     return []
+
+
+_WAS_CELL = re.compile(r"(?:was|previously|formerly)\s+\S", re.I)
 
 
 def _described(key: str) -> bool:

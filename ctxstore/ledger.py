@@ -53,7 +53,7 @@ from ctxstore._facts import (
     valueish,
 )
 from ctxstore._narrative import NARRATIVE, Story, fit_narrative
-from ctxstore._notes import Note, note
+from ctxstore._notes import ABOUT, Note, note
 from ctxstore._shapes import Shapes, shape
 from ctxstore._shapes import values as spans
 from ctxstore._turns import OUTCOME, failure, notes, outcome, reported, turn
@@ -140,8 +140,9 @@ class _Ledger:
             noted.append(found)
             if found is not None:
                 found.entry.shape = form
+            about = content(sentence)[:ABOUT]
             for fact in facts:
-                fact.entry.shape = form
+                fact.entry.shape, fact.entry.about = form, about
                 fact.entry.weight = found.entry.weight if found else 0
         request = None
         task = user and self.asked == 0
@@ -169,9 +170,14 @@ class _Ledger:
                 continue
             if not (facts and self._covered(found, n)):
                 self.note(found, n, story)
-            elif found.changed and (target := self._noted_subject(found)) is not None:
-                # Read as a fact of its own, yet it says it replaces another: that one goes.
+            elif found.changed and (target := self._noted_subject(found, n)) is not None:
+                # Read as a fact of its own, yet it says it replaces another: that one goes,
+                # and so does a statement of this sentence the note now says whole.
                 self._replace(target, found, n, story)
+                whole = norm(found.entry.value)
+                for stated in (fact.entry for fact in facts if fact.entry is not target):
+                    if stated.kind in STATEMENTS and norm(stated.value) in whole:
+                        self.entries.pop(stated.key, None)
 
     def _result(self, call_id: str, output: str, flagged: bool, n: int, story: Story) -> None:
         tool, arguments = self.pending.pop(call_id, ["a tool", ""])
@@ -236,7 +242,7 @@ class _Ledger:
 
     def note(self, found: Note, n: int, story: Story | None = None) -> None:
         """Fold a note: as a new entry, or over the entry it says it replaces."""
-        target = self._noted_subject(found)
+        target = self._noted_subject(found, n)
         if target is None:
             # A weak note (a value said in passing) is kept for a large level, not told.
             told = story if found.entry.weight >= _TOLD else None
@@ -262,15 +268,22 @@ class _Ledger:
         lines = " ".join(_line(e) for e in self.entries.values() if e.last == n).lower()
         return all(v.lower() in lines for v in found.values)
 
-    def _noted_subject(self, found: Note) -> Entry | None:
-        """The entry a note gives a new value for, by its subject's words.
+    def _noted_subject(self, found: Note, n: int) -> Entry | None:
+        """The entry a note gives a new value for.
 
-        A note that says it replaces something ("changed", "now") needs half the
-        entry's subject; one that does not, most of both subjects and the same kind
-        of value: a later value for the same subject is the current one (but two
-        rules alike are two rules).
+        The one holding the value it names as replaced, else the one whose
+        subject's words it shares. A note that says it replaces something
+        ("changed", "now") needs half the entry's subject, or failing that the
+        words either side of a value, or most of the words of the sentence the
+        entry was read from; one that does not, most of both subjects and the
+        same kind of value: a later value for the same subject is the current
+        one (but two rules alike are two rules).
         """
         new = found.entry
+        if found.was:  # "(was X)", "rather than X": the entry holding X, if one does
+            target = self._holding(found.was, new)
+            if target is not None and target.last != n:
+                return target
         words = set(plain(new.words)) - STOP
         if len(words) < 2:
             return None
@@ -278,8 +291,8 @@ class _Ledger:
         best: tuple[int, int] | None = None
         chosen = None
         for entry in self.entries.values():
-            if entry.kind not in _CORRECTABLE or entry.key == TASK:
-                continue
+            if entry.kind not in _CORRECTABLE or entry.key == TASK or entry.last == n:
+                continue  # (what this message itself stated or corrected is no earlier value)
             subject = (set(plain(entry.words)) | set(key_of(entry.pre).split())) - STOP
             shared = len(words & subject)
             if shared < 2 or 2 * shared < len(subject) or norm(entry.value) in said:
@@ -293,7 +306,35 @@ class _Ledger:
             if best is None or (shared, entry.last) > best:
                 best, chosen = (shared, entry.last), entry
         if chosen is None and found.changed:
-            return self._framed(found)
+            return self._framed(found) or self._worded(found, n)
+        return chosen
+
+    def _worded(self, found: Note, n: int) -> Entry | None:
+        """The entry read from a sentence worded most like a note that says it changed.
+
+        "Correcting myself: who signs off on the budget is R." replaces "Loop in A;
+        they're who signs off on the budget": the words that are neither values,
+        names nor the correction's own share at least three, or two that are most
+        of the shorter sentence's.
+        """
+        new = found.entry
+        words = _core(new.words, new.value)
+        if len(words) < 2:
+            return None
+        said = new.value.lower()
+        best: tuple[int, int] | None = None
+        chosen = None
+        for entry in self.entries.values():
+            if entry.kind not in _CORRECTABLE or entry.key == TASK or entry.last == n:
+                continue
+            if norm(entry.value) in said:
+                continue
+            around = _core(entry.about or entry.words, _line(entry))
+            around |= set(key_of(entry.pre).split())
+            shared = len(words & around)
+            most = shared >= 2 and 3 * shared >= 2 * min(len(words), len(around))
+            if (shared >= 3 or most) and (best is None or (shared, entry.last) > best):
+                best, chosen = (shared, entry.last), entry
         return chosen
 
     def _framed(self, found: Note) -> Entry | None:
@@ -450,6 +491,23 @@ class _Ledger:
         except (ValueError, KeyError, TypeError):
             return None
         return ledger
+
+
+_CUES = frozenset(
+    re.findall(
+        r"\S+",
+        "correcting correction corrected myself changes changed change things moving move"
+        " switching switch changing actually wait sorry rechecking checking re mistake wrong"
+        " earlier after all new direction update updated instead rather should now going"
+        " let's lets scratch got previously formerly replaces replaced",
+    )
+)
+"""Words that say a statement corrects another, not what it is about."""
+
+
+def _core(words: list[str], text: str) -> set[str]:
+    """What a sentence is about: its words but values, names, function words and cues."""
+    return set(plain(words)) - STOP - _CUES - named(text)
 
 
 @lru_cache(maxsize=8192)

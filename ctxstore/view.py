@@ -280,8 +280,9 @@ def _step_body(
     It starts at an exchange boundary and fits ``room`` (the whole budget).
     With a summary, it reaches back to the first entry the summary does not
     cover if the whole budget holds that: a gap between the summary and the
-    raw part would lose what is in it. Entries the summary covers are sent
-    too while they fit: raw text keeps what a summary loses.
+    raw part would lose what is in it; if it does not (the summary lags), the
+    longest suffix that fits, the least gap. Entries the summary covers are
+    sent too while they fit: raw text keeps what a summary loses.
     """
     earliest = earliest_callers(raw)
     suffix = [0] * (len(raw) + 1)
@@ -311,6 +312,8 @@ def _step_body(
         whole = [i for i in starts if i <= uncovered and suffix[i] <= room]
         if whole and uncovered < len(raw):
             best = min(best, whole[-1])  # no gap, and covered entries too while they fit
+        elif uncovered < best:
+            best = fits[0]  # the summary lags the budget: the least gap, not the mark
     return list(raw[best:])
 
 

@@ -596,6 +596,108 @@ async def test_corrections_that_name_the_subject_or_the_old_value_elsewhere(
     assert [stated for stated in ledger.splitlines() if old in stated] == [f"- {line}"]
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "new", "old"),
+    [
+        (
+            "Add Dana Whitfield to the thread; she's who approves the travel budget.",
+            "Correcting myself: who approves the travel budget is Omar Lindqvist.",
+            "Omar Lindqvist",
+            "Dana Whitfield",
+        ),
+        (
+            "Call made on where the incident notes live: Confluence space OPS.",
+            "That changes things: for where the incident notes live I'm moving to Notion, "
+            "since the responders already read it.",
+            "Notion",
+            "Confluence",
+        ),
+        (
+            "We're going with weekly releases for the mobile app cadence - QA signed off.",
+            "No wait, let's do fortnightly releases for the mobile app cadence after all.",
+            "fortnightly releases",
+            "weekly releases",
+        ),
+        (
+            "Decided to use Stripe Radar for the fraud screening vendor, it is already wired in.",
+            "New direction on the fraud screening vendor: Sift. Reason: better chargeback data.",
+            "Sift",
+            "Stripe Radar",
+        ),
+        (
+            "On second thought I had it right before: the staging bucket is s3://acme-stage-eu.",
+            "Re-checking the runbook, the staging bucket should read s3://acme-stage-us rather "
+            "than s3://acme-stage-eu.",
+            "s3://acme-stage-us",
+            "s3://acme-stage-eu",
+        ),
+    ],
+    ids=["subject-outside-the-clause", "changes-things", "no-wait", "new-direction", "should-read"],
+)
+async def test_corrections_worded_as_people_word_them_leave_no_old_value_alone(
+    before: str, after: str, new: str, old: str
+) -> None:
+    """Every line that still names the old value names the new one beside it (as "was")."""
+    ledger = await ledger_of(
+        [TASK, user(before), assistant("Noted."), user("What next?"), assistant(after)]
+    )
+    lines = ledger.splitlines()[1:]  # the task line states nothing here
+    assert any(new in line for line in lines), ledger
+    alone = [line for line in lines if old in line and new not in line]
+    assert alone == [], ledger
+
+
+@pytest.mark.parametrize(
+    ("after", "new", "old"),
+    [
+        (
+            "Deploy log: INFO updated the Helm values file for prod to "
+            "deploy/charts/web/values-prod-b.yaml (was deploy/charts/web/values-prod-a.yaml)",
+            "values-prod-b.yaml",
+            "values-prod-a.yaml",
+        ),
+        (
+            "Item | Owner | Path | Before\n"
+            "Signing key | Ana | keys/2025/sign-new.pem | was keys/2024/sign-old.pem\n",
+            "keys/2025/sign-new.pem",
+            "keys/2024/sign-old.pem",
+        ),
+    ],
+    ids=["log-was", "table-was-cell"],
+)
+async def test_a_tool_line_that_names_the_value_it_replaces_overwrites_it(
+    after: str, new: str, old: str
+) -> None:
+    """A log line's "(was X)", or a "was X" cell: the entry holding X takes the new value."""
+    before = (
+        "Confirmed the Helm values file for prod is at deploy/charts/web/values-prod-a.yaml."
+        if "Helm" in after
+        else "For the record, the signing key is at keys/2024/sign-old.pem."
+    )
+    call = openai_call("c1", "read_log", {"name": "latest"}, after)
+    ledger = await ledger_of([TASK, user(before), assistant("Checking."), *call])
+    lines = ledger.splitlines()[1:]
+    assert any(new in line for line in lines), ledger
+    assert [line for line in lines if old in line and new not in line] == [], ledger
+
+
+async def test_the_value_a_correction_replaces_is_not_carried_to_an_unrelated_fact() -> None:
+    """A value named as replaced ("rather than X") does not carry past the next sentence."""
+    ledger = await ledger_of(
+        [
+            TASK,
+            user("Heads up, the CDN vendor with the degraded POP is Vantor AG this week."),
+            assistant(
+                "Re-checking, the CDN vendor with the degraded POP should read Ferrobyte GmbH "
+                "rather than Vantor AG. That output also has the review we needed. The cache "
+                "pool is saturated - 21 of 38 connections in use."
+            ),
+        ]
+    )
+    vendor = [line for line in ledger.splitlines() if "Ferrobyte GmbH" in line]
+    assert len(vendor) == 1 and "38" not in vendor[0], ledger
+
+
 async def test_statements_alike_but_for_a_value_share_one_line() -> None:
     """Three "don't touch X" lines become one that lists the other values, counting references."""
     files = ["src/a.py", "src/b.py", "src/c.py", "src/d.py", "src/e.py"]

@@ -762,6 +762,30 @@ def test_a_step_cuts_a_fast_growing_view_further_back() -> None:
     assert after[200] == pytest.approx((1 - 10 * 200 / 4_000) * 4_000, abs=100)  # 0.5
 
 
+def test_a_step_behind_a_lagging_summary_leaves_the_least_gap_not_the_low_water_mark() -> None:
+    """What the summary does not cover and the budget cannot all hold: as much of it as fits."""
+    shape = Shape(low_water=0.5, calls=10, low_water_floor=0.5)
+    raw = _agent_turns(30, 100)  # 60 entries of 50 tokens: 3,000 tokens
+    covers = 9  # the summary covers entries 0..9; 50 entries, 2,500 tokens, are after it
+    level = SummaryLevel(SummaryText(user("so far"), 100, eid(covers)), 1)
+    plan, anchor = plan_anchored(
+        [], raw, 2_000, anchor=None, levels=[level], complete=True, shape=shape, epoch=0, stamp="s"
+    )
+    assert plan is not None and anchor is not None and anchor.summary is not None
+    # 1,900 tokens of room: 38 entries, from entry 22 (a turn's start); the low-water
+    # mark alone would have kept 18 (900 tokens) and lost 22..41 to the gap.
+    assert anchor.start == eid(22)
+    assert plan.tokens == 100 + 38 * 50 <= 2_000
+    # Once the summary catches up, the next step goes back to the low-water mark.
+    level = SummaryLevel(SummaryText(user("so far"), 100, eid(49)), 1)
+    plan, anchor = plan_anchored(
+        [], raw, 2_000, anchor=None, levels=[level], complete=True, shape=shape, epoch=0, stamp="t"
+    )
+    assert plan is not None and anchor is not None
+    assert anchor.start == eid(42)  # 18 entries: 900 tokens, the mark's 1,000 less the summary
+    assert plan.tokens == 100 + 18 * 50
+
+
 # -- known defects -------------------------------------------------------------
 
 
