@@ -82,6 +82,8 @@ class Meta:
     SEQ = "seq"
     COUNT = "count"
     TOKENS = "tokens"
+    BYTES = "bytes"
+    """What counts against ``session_bytes``: messages, previews, pinned and checkpoint copies."""
     TTL = "ttl"
     FIRST_ID = "first_id"
     LAST_ID = "last_id"

@@ -77,6 +77,7 @@ class _Plan:
     wm_tokens: int = 0
     keep: list[tuple[str, bytes]] = field(default_factory=list)
     frozen: tuple[str, str] | None = None
+    source: tuple[int, int] = (0, 0)  # the source's tokens and bytes
 
 
 class Forks:
@@ -200,6 +201,7 @@ class Forks:
                     *("HMGET", keys.meta, Meta.SEQ, Meta.EPOCH, Meta.LIFE, Meta.COUNT),
                     *(Meta.TOKENS, Meta.LAST_ID, Meta.FIRST_ID, Meta.CHAIN, Meta.WATERMARK),
                     Meta.WATERMARK_TOKENS,
+                    Meta.BYTES,
                 ),
                 ("HMGET", keys.view, *SUMMARY_COPY),
                 ("HGETALL", keys.keep),
@@ -209,7 +211,7 @@ class Forks:
             session=source,
             key=keys.meta,
         )
-        seq, epoch, life, count, tokens, last, first, raw_chain, wm, wm_tokens = meta
+        seq, epoch, life, count, tokens, last, first, raw_chain, wm, wm_tokens, held = meta
         if seq is None:
             raise SessionNotFoundError(
                 "no such session", tenant=self._scope.tenant, session=source, key=keys.meta
@@ -219,6 +221,7 @@ class Forks:
         chain = Chain.parse(raw_chain)
         deadline = int(now[0]) * 1000 + int(now[1]) // 1000 + RESERVATION_MS
         plan = _Plan(at, chain, [], (0, 0), text(first or b"") if at else "", deadline)
+        plan.source = (int(tokens or 0), int(held or 0))
         if not at:
             return plan  # an empty history
         # The summary in force, if it covers only what the fork keeps; else the checkpoint's.
@@ -383,6 +386,7 @@ class Forks:
             f"{source} {plan.at}",
             text(plan.summary.get("covers", b"")),
             plan.wm_tokens,
+            _shared_bytes(plan),
             len(summary) // 2,
             *summary,
             len(kept) // 2,
@@ -401,6 +405,23 @@ class Forks:
             )
 
         return await self._writer.listed(target, limits, run)
+
+
+def _shared_bytes(plan: _Plan) -> int:
+    """The bytes a fork holds by reference: its share of the source's, by tokens.
+
+    Entries carry their tokens before them, not their bytes, so the part of
+    the history a fork shares (up to the fork point, less the bridge it
+    copies) is charged the source's bytes per token: exact for a fork at the
+    end of a history of one kind of message, and never nothing, so forking and
+    deleting the source cannot grow a history past ``session_bytes``.
+    """
+    tokens, held = plan.source
+    copied = sum(int(row_fields(row).get(b"t", b"0")) for _, row in plan.rows)
+    shared = max(0, plan.counts[1] - copied)
+    if not tokens or not shared:
+        return 0
+    return -(-held * min(shared, tokens) // tokens)  # rounded up: a quota errs on the safe side
 
 
 def _self_bound(newest: list[Any], settings: Any) -> str:

@@ -18,7 +18,8 @@
 -- ARGV[16] the chain (lineage.py; '' for none), ARGV[17] its last entry ('' for none)
 -- ARGV[18] the source and the fork point ('session entry')
 -- ARGV[19] the summary's watermark ('' for none), ARGV[20] the tokens it covers
--- ARGV[21] s, then s pairs: the summary's fields (view hash), sealed for this session
+-- ARGV[21] the bytes of the shared segments up to the fork point (charged, not copied)
+-- ARGV[22] s, then s pairs: the summary's fields (view hash), sealed for this session
 -- then p, then p pairs: a protected entry's id and its keep copy
 -- then m, then 9 per entry of the live log: id, m, t, c, r, v, vt, n, k
 --
@@ -44,9 +45,9 @@ local refusal, epoch, seq, bucket = creation(KEYS[5], ARGV[2], ARGV[3], now)
 if refusal then return refusal end
 if now > tonumber(ARGV[4]) - 1000 then return {'expired', 1, now} end
 
-local summary, at = given_pairs(ARGV, 21)
+local summary, at = given_pairs(ARGV, 22)
 local kept, after_kept = given_pairs(ARGV, at)
-local bytes = 0
+local bytes = tonumber(ARGV[21])
 for i = 2, #kept, 2 do bytes = bytes + #kept[i] end
 local m = tonumber(ARGV[after_kept])
 for i = 0, m - 1 do
