@@ -119,6 +119,25 @@ async def test_what_other_pods_do_between_two_views_is_never_missed(
         await same_as_cold(a, c, "s", 600)
 
 
+async def test_a_caller_that_marks_up_its_view_does_not_change_the_next_one(
+    settings: Settings, tenant: str
+) -> None:
+    """Adding cache_control to the last block (as prompt caching does) stays in that view."""
+    async with pods(settings, tenant) as (a, _, c):
+        await a.append("s", SYSTEM)
+        await a.append_many("s", [turn(i) for i in range(40)])
+        await a.append("s", {"role": "user", "content": [{"type": "text", "text": "go on"}]})
+        view = await a.view("s", token_budget=2_000)
+        view.messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        view.messages[0]["content"] = "rewritten by the caller"
+        view.messages[1]["role"] = "assistant"
+        await a.append("s", user("next"))
+        await same_as_cold(a, c, "s", 2_000)  # the warm pod's view is the cold pod's
+        again = await a.view("s", token_budget=2_000)
+        assert "cache_control" not in json.dumps(again.messages)
+        assert "rewritten by the caller" not in json.dumps(again.messages)
+
+
 async def test_a_session_that_expired_and_came_back_is_read_cold(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
