@@ -183,7 +183,12 @@ _MARKER = re.compile(
 )
 _CORRECTIVE = re.compile(
     r"^(?:actually|correction|update|scratch that|(?:no,? )?wait|sorry|oops|my mistake"
-    r"|change of plans?|on second thought)\b|\bafter all\W*$"
+    r"|change of plans?|on second thought|make (?:that|it))\b|\bafter all\W*$"
+    r"|\b(?:new direction|(?:that|this) changes|changes things)\b"
+    r"|\b(?:mis(?:spoke|read|typed|quoted|remembered)|i was wrong|turns out|going forward"
+    r"|from now on|re-?(?:booked|named|ran|run|measured|assigned)|renamed|rebooked"
+    r"|hand(?:ing|ed)(?: \S+)? (?:to|over|off)|wrong (?:one|path|link|url|file|number|figure"
+    r"|value|date|id|name|address|email|plan|version)|should (?:be|read)|(?:is|are) out,)\b"
     r"|\b(?:correcting myself|earlier note|re-?checked|scratch what|forget|got .{1,40} wrong)\b"
     r"|\b(?:instead of|rather than|changed? (?:it )?to|moved to|is now|are now|no longer"
     r"|switch(?:ed)? to|bump(?:ed)? to|updated to|revised to|not\s.{1,40}\bbut)\b",
@@ -258,7 +263,7 @@ _AS = re.compile(
 )
 # "I got the security review wrong earlier. It's September 6.": the next value's subject.
 _WRONG = re.compile(
-    r"\bgot (?:the |my |our )?(?P<a>[\w' -]{3,40}?) wrong\b"
+    r"\b(?:got|had|have) (?:the |my |our )?(?P<a>[\w' -]{3,40}?) wrong\b"
     r"|\b(?:correction|update|change of preference|change|revised \w+|new value) (?:on|for) "
     r"(?:the )?(?P<b>[\w' -]{3,40}?):"
     r"|\b(?:scratch|forget) what i said about (?:the )?(?P<c>[\w' -]{3,40}?)(?=\s+-|[,:;.])"

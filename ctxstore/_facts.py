@@ -117,8 +117,11 @@ def statements(text: str) -> Iterator[tuple[str, list[Fact]]]:
     held = False  # the carry has passed over a sentence already: it reaches one more, no further
     for sentence in _sentences(text):
         wrong = _WRONG.search(sentence)
-        if wrong:
-            carry = _Carry(next(g for g in wrong.groups() if g), carry.was, True)
+        named = next((g for g in wrong.groups() if g), "") if wrong else ""
+        if named.lower() in ("that", "it", "this", "those", "these", "them"):
+            carry = _Carry(None, carry.was, True)  # "I had that wrong": no subject named
+        elif wrong:
+            carry = _Carry(named, carry.was, True)
         marked = bool(_CORRECTIVE.search(sentence)) or carry.subject is not None
         found: list[Fact] = []
         for clause in _CLAUSE.split(_MARKER.sub("", sentence)):

@@ -56,6 +56,8 @@ _CHANGED = re.compile(
     r"|\b(?:changed|previously|previous:|formerly|as amended|amended|new direction"
     r"|revised|update[ds]?:?|(?:that|this) changes|changes things|after all|no wait|should read"
     r"|on second thought|turns? out|make (?:that|it)|correcting|re-?checking|my mistake"
+    r"|mis(?:spoke|read|typed|quoted)|going forward|re-?(?:booked|named|ran|measured)"
+    r"|hand(?:ing|ed)(?: \S+)? (?:to|over|off)"
     r"|(?:i'm|we're|i am|we are) (?:moving|switching|changing)"
     r"|the (?:right|correct|new) (?:one|value|figure|number|date)|no longer|any ?more"
     r"|correction|corrected|superseded|replaced|moved (?:to|from)|instead)\b",

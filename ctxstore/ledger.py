@@ -176,8 +176,9 @@ class _Ledger:
                 self._replace(target, found, n, story)
                 whole = norm(found.entry.value)
                 for stated in (fact.entry for fact in facts if fact.entry is not target):
-                    if stated.kind in STATEMENTS and norm(stated.value) in whole:
-                        self.entries.pop(stated.key, None)
+                    held = self.entries.get(stated.key) is stated
+                    if held and stated.kind in STATEMENTS and norm(stated.value) in whole:
+                        del self.entries[stated.key]
 
     def _result(self, call_id: str, output: str, flagged: bool, n: int, story: Story) -> None:
         tool, arguments = self.pending.pop(call_id, ["a tool", ""])
@@ -213,6 +214,8 @@ class _Ledger:
     def add(self, fact: Fact, n: int, story: Story | None = None) -> None:
         """Fold one fact stated at message ``n``: correct, restate, merge or add an entry."""
         new = fact.entry
+        if fact.was and norm(new.value) in norm(fact.was):
+            return  # "orders:v1.5.0 (was orders:v1.4.2)" reads "v1.4.2" too: that is the old one
         new.first = new.last = n
         new.words = new.words[:12]
         target = self._holding(fact.was, new) if fact.was else None
@@ -221,6 +224,13 @@ class _Ledger:
             new.old = [fact.was]  # "from 30s to 60s" with no 30s on record yet
         target = target or self._same_subject(new, fact.marked and not fact.was, n)
         if target is not None and (old or not _restates(new, target)):
+            if not (old or fact.marked) and not _qualified_alike(target, new):
+                # Keyed alike, qualified apart ("frontend ... port 3000", "backend ... port
+                # 8000"): two facts, one line; neither value is said to replace the other.
+                target.more = [v for v in target.more if v != target.value][-8:]
+                target.more.append(target.value)
+                target.value, target.last = new.value, n
+                return
             target.fixed = target.fixed or bool(old) or fact.marked
             old = old or _replaced(target, new)
             self._correct(target, new, old, n)
@@ -306,7 +316,11 @@ class _Ledger:
             if best is None or (shared, entry.last) > best:
                 best, chosen = (shared, entry.last), entry
         if chosen is None and found.changed:
-            return self._framed(found) or self._worded(found, n)
+            return (
+                self._framed(found, n)
+                or self._worded(found, n)
+                or self._alike(forms(new.value), new.value, new.words, n)
+            )
         return chosen
 
     def _worded(self, found: Note, n: int) -> Entry | None:
@@ -333,11 +347,12 @@ class _Ledger:
             around |= set(key_of(entry.pre).split())
             shared = len(words & around)
             most = shared >= 2 and 3 * shared >= 2 * min(len(words), len(around))
-            if (shared >= 3 or most) and (best is None or (shared, entry.last) > best):
+            whole = shared == len(around) >= 1  # "the warehouse is Redshift": all of it
+            if (shared >= 3 or most or whole) and (best is None or (shared, entry.last) > best):
                 best, chosen = (shared, entry.last), entry
         return chosen
 
-    def _framed(self, found: Note) -> Entry | None:
+    def _framed(self, found: Note, n: int) -> Entry | None:
         """The latest entry stating a value in the same words as a note that says it changed.
 
         "the new limit is after 6:45 pm" replaces "don't call me after 6:15 pm":
@@ -348,7 +363,7 @@ class _Ledger:
             return None
         said = found.entry.value.lower()
         for entry in sorted(self.entries.values(), key=lambda e: e.last, reverse=True):
-            if entry.kind not in _CORRECTABLE or entry.key == TASK:
+            if entry.kind not in _CORRECTABLE or entry.key == TASK or entry.last == n:
                 continue
             line = _line(entry)
             for start, end in spans(line):
@@ -401,7 +416,7 @@ class _Ledger:
                 e
                 for e in self.entries.values()
                 if e.kind in _CORRECTABLE
-                and words <= set(e.key.split()) | set(key_of(e.pre).split())
+                and words <= set(e.key.split()) | set(key_of(e.pre).split()) | set(e.about)
             ]
             if keyed:
                 return max(keyed, key=lambda e: e.last)
@@ -410,7 +425,37 @@ class _Ledger:
             overlap = [e for e in recent if (set(e.words) & set(new.words)) - STOP]
             if overlap:
                 return max(overlap, key=lambda e: e.last)
+            line = _line(new)
+            return self._alike(forms(line), line, new.words, n)
         return None
+
+    def _alike(
+        self, forms: Sequence[str | None], said: str, words: list[str], n: int
+    ) -> Entry | None:
+        """The entry stating a value of the same form as a correction's.
+
+        "Make that 3,100 rows" corrects "sample size: 2,400 rows"; "rebooked onto
+        DL 1893", "UA 512". Of those, the one sharing most words with it, then the
+        latest.
+        """
+        wanted = {f for f in forms if f}
+        if not wanted:
+            return None
+        lowered, mine = said.lower(), set(plain(words)) - STOP - _CUES
+        best: tuple[int, int] | None = None
+        chosen = None
+        for entry in self.entries.values():
+            if entry.kind not in _CORRECTABLE or entry.key == TASK or entry.last == n:
+                continue
+            line = f"{entry.pre}{entry.value}{entry.post}"
+            for start, end in _spans(line):
+                shaped = form(line, start, end)
+                if shaped and _same_form(shaped, wanted) and line[start:end].lower() not in lowered:
+                    score = (len(mine & set(plain(entry.about or entry.words))), entry.last)
+                    if best is None or score > best:
+                        best, chosen = score, entry
+                    break
+        return chosen
 
     def _duplicate(self, new: Entry) -> Entry | None:
         for entry in self.entries.values():
@@ -447,11 +492,18 @@ class _Ledger:
         """Drop other lines that still state a replaced value; the task says what replaced it."""
         pattern = re.compile(rf"(?<!\w){re.escape(old.lower())}(?!\w)")
         distinct = not re.fullmatch(r"[\d.,]{1,4}", old)  # "512" alone may be anything
+        unit = re.search(r"(?<![\w:.,])[\d.,]+\s?([a-z]{1,12})\b", target.value.lower())
+        if not distinct and unit and unit[1] not in STOP:  # "230 ms" is, beside "310 ms"
+            pattern = re.compile(rf"(?<![\w:.,]){re.escape(old.lower())}\s?{unit[1]}\b")
+            distinct = True
         for entry in list(self.entries.values()):
             line = _line(entry).lower()
             if entry is target or entry.kind in (Kind.TOOL, Kind.ERROR):
                 continue
-            if pattern.search(line) and (distinct or target.key in line):
+            # A line that names the old value as its subject ("Figma seats left: 14") states
+            # another fact; one that states it (in its value, or a note's text) goes.
+            subject = pattern.search(entry.pre.lower()) and not pattern.search(entry.value.lower())
+            if pattern.search(line) and not subject and (distinct or target.key in line):
                 if entry.key == TASK:
                     entry.post = f" (now {_gist(target, old)})"
                 else:
@@ -499,10 +551,104 @@ _CUES = frozenset(
         "correcting correction corrected myself changes changed change things moving move"
         " switching switch changing actually wait sorry rechecking checking re mistake wrong"
         " earlier after all new direction update updated instead rather should now going"
-        " let's lets scratch got previously formerly replaces replaced",
+        " let's lets scratch got previously formerly replaces replaced moved switched"
+        " rebooked renamed",
     )
 )
 """Words that say a statement corrects another, not what it is about."""
+
+
+_URL = re.compile(r"[a-z][a-z0-9+.-]*://([^/\s]+)")
+_MAIL = re.compile(r"[\w.+-]+@([\w-]+\.[\w.-]+)")
+_FILE = re.compile(r"\w\.([a-z][a-z0-9]{0,4})$")
+_CODE = re.compile(r"\b[A-Z]{1,5}\b")
+_UNIT = re.compile(r"\s?([a-z]{1,12})\b")
+
+
+_FILENAME = re.compile(r"(?<![\w./-])[\w-]{2,}\.[a-z][a-z0-9]{0,4}\b(?![./-]\w)")
+
+
+def _spans(line: str) -> list[tuple[int, int]]:
+    """Where a line's values are, file names ("invoice.py") among them."""
+    found = spans(line)
+    taken = {i for a, b in found for i in range(a, b)}
+    found += [m.span() for m in _FILENAME.finditer(line) if m.start() not in taken]
+    return found
+
+
+def forms(line: str) -> list[str | None]:
+    """The forms of a line's values (see :func:`form`)."""
+    return [form(line, start, end) for start, end in _spans(line)]
+
+
+def form(line: str, start: int, end: int) -> str | None:
+    """The form of the value at ``line[start:end]``: what two values of one subject share.
+
+    "$9,9" for "$15,000"; "9,9 rows" for "2,400 rows" (the unit after it); "A 9" for
+    "UA 512" (a code before it); "url host" for a URL, "mail domain", "file .yaml",
+    "v9.9.9". ``None`` for a form too plain to tell subjects apart ("17", a name).
+    """
+    value = line[start:end]
+    low = value.lower()
+    if found := _URL.match(low):
+        return f"url {re.sub(r'[0-9]+', '9', found[1])}"
+    if value.startswith("@"):
+        return "@handle"
+    if found := _MAIL.fullmatch(low):
+        return f"mail {found[1]}"
+    if found := _FILE.search(low):
+        return f"file .{found[1]}"
+    if "/" in value:
+        return f"path {low.strip('/').split('/')[0]}"
+    if re.fullmatch(r"[a-z]+(?:_[a-z]+)+", value):
+        return "snake_case"
+    core = _CODE.sub("A", re.sub(r"\d+", "9", value))
+    before = line[:start].rstrip().rsplit(" ", 1)[-1]
+    if _CODE.fullmatch(before):
+        core = f"A {core}"
+    elif before[:1].isupper() and before.isalpha():
+        core = f"{before.lower()} {core}"
+    unit = _UNIT.match(line, end)
+    if unit and unit[1] not in STOP:
+        core = f"{core} {unit[1]}"
+    if "9" not in core or (not re.search(r"[^\W9_]|[$€£¥%@#]", core) and core.count("9") < 3):
+        return None
+    return core
+
+
+def _same_form(found: str, wanted: set[str]) -> bool:
+    """Whether a value's form is one of ``wanted``, a unit missing on either side aside.
+
+    ("Postgres 13." and "Postgres 16 last sprint": "postgres 9" and "postgres 9 last").
+    """
+    if found in wanted:
+        return True
+    bare = found.split(" ")
+    return any(
+        w.split(" ")[: len(bare)] == bare or bare[: len(w.split(" "))] == w.split(" ")
+        for w in wanted
+        if abs(len(w.split(" ")) - len(bare)) == 1 and re.search(r"[^\W9_]|[$€£¥%@#]", w)
+    )
+
+
+def _qualified_alike(old: Entry, new: Entry) -> bool:
+    """Whether two facts keyed alike come from sentences about the same thing.
+
+    "The frontend runs on port 3000" and "the backend runs on port 8000", or "Q1
+    revenue" and "Q2 revenue", share a key but each has a word the other lacks:
+    two facts. The words compared are the sentences' but each fact's key and value;
+    a later sentence that only says less ("port: 8080") restates the same one.
+    """
+    if not old.about or not new.about:
+        return True
+
+    def qualifiers(entry: Entry) -> set[str]:
+        value, key = norm(entry.value), set(entry.key.split())
+        words = {w for w in entry.about if w not in value and w not in key} - _CUES
+        return {w for w in words if not re.fullmatch(r"[\d.,:]+", w)}  # "9:30" beside "Tuesday"
+
+    mine, theirs = qualifiers(old), qualifiers(new)
+    return not (mine - theirs and theirs - mine)  # each says what the other does not
 
 
 def _core(words: list[str], text: str) -> set[str]:

@@ -681,6 +681,107 @@ async def test_a_tool_line_that_names_the_value_it_replaces_overwrites_it(
     assert [line for line in lines if old in line and new not in line] == [], ledger
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "new", "old"),
+    [
+        (
+            "The sample for the retention study is 2,400 rows.",
+            "Make that 3,100 rows.",
+            "3,100",
+            "2,400",
+        ),
+        (
+            "We're booked on UA 512 out of Denver.",
+            "We rebooked onto DL 1893 this morning.",
+            "DL 1893",
+            "UA 512",
+        ),
+        (
+            "The incident lead is @jlee for now.",
+            "Handing the lead to @mpatel, effective now.",
+            "@mpatel",
+            "@jlee",
+        ),
+        (
+            "The crash comes from billing.py line 212.",
+            "I misread the traceback, it's invoice.py line 248.",
+            "invoice.py",
+            "billing.py",
+        ),
+        (
+            "The grant report is due June 3, 2025.",
+            "Correction: the grant report is due June 10, 2025.",
+            "June 10",
+            "June 3",
+        ),
+        (
+            "The notice period in the lease is 30 days.",
+            "I had the notice period wrong. It's 60 days.",
+            "60 days",
+            "30 days",
+        ),
+        (
+            "Our standup is Tuesday at 9:30.",
+            "We moved the standup to Thursday at 10:15.",
+            "Thursday",
+            "Tuesday",
+        ),
+    ],
+    ids=[
+        "make-that",
+        "rebooked",
+        "handing",
+        "misread",
+        "correction-keeps-it",
+        "had-it-wrong",
+        "moved",
+    ],
+)
+async def test_a_correction_finds_the_value_of_the_same_form(
+    before: str, after: str, new: str, old: str
+) -> None:
+    """A correction naming no subject replaces the latest value of its form (unit, code, file)."""
+    filler = [user("What else is open?"), assistant("Two tickets and the review."), user("Ok.")]
+    ledger = await ledger_of([TASK, user(before), assistant("Noted."), *filler, user(after)])
+    lines = ledger.splitlines()[1:]
+    assert any(new in line for line in lines), ledger
+    assert [line for line in lines if old in line and new not in line] == [], ledger
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "a", "b"),
+    [
+        ("The frontend runs on port 3000.", "The backend runs on port 8000.", "3000", "8000"),
+        ("Q1 revenue was $3.1M.", "Q2 revenue was $3.9M.", "$3.1M", "$3.9M"),
+        ("The staging DB is pg-stage-1.", "The prod DB is pg-prod-3.", "pg-stage-1", "pg-prod-3"),
+    ],
+    ids=["ports", "quarters", "databases"],
+)
+async def test_facts_keyed_alike_but_qualified_apart_both_stay(
+    first: str, second: str, a: str, b: str
+) -> None:
+    """Two facts with one key and different qualifiers: neither is said to replace the other."""
+    ledger = await ledger_of([TASK, user(first), assistant("Noted."), user(second)])
+    assert a in ledger and b in ledger, ledger
+    assert f"(was {a}" not in ledger, ledger
+
+
+async def test_a_line_naming_the_old_value_as_its_subject_survives_the_correction() -> None:
+    """Replacing "Figma" as the SSO vendor keeps "Figma seats left: 14"."""
+    ledger = await ledger_of(
+        [
+            TASK,
+            user("For the record, the SSO app with the lockouts is Figma."),
+            user("Figma seats left: 14 seats, keep that handy."),
+            assistant(
+                "Re-checking, the SSO app with the lockouts should read Workday rather than Figma."
+            ),
+        ]
+    )
+    assert "14 seats" in ledger, ledger
+    assert "Workday" in ledger, ledger
+
+
 async def test_the_value_a_correction_replaces_is_not_carried_to_an_unrelated_fact() -> None:
     """A value named as replaced ("rather than X") does not carry past the next sentence."""
     ledger = await ledger_of(
