@@ -248,7 +248,7 @@ def notes(output: str) -> list[Fact | Note]:
     """
     lines = output.splitlines()
     texts = [_plain(line) for line in lines]
-    found: list[Fact | Note] = []
+    found: list[Fact | Note] = list(_replaced_fields(output))
     for i, text in enumerate(texts):
         if not text:
             found += _data_notes(lines[i])
@@ -284,6 +284,79 @@ def notes(output: str) -> list[Fact | Note]:
             fact.entry.weight = max(fact.entry.weight, said.entry.weight if said else 0)
         found += facts
     return found
+
+
+_PREVIOUS = re.compile(
+    r"^(?:previous|prev|old|former|was|before)(?:[ _-]+(?P<a>.+))?$"
+    r"|^(?P<b>.+?)[ _-]+(?:previous|prev|old|before|was)$",
+    re.I,
+)
+_CURRENT = frozenset({"current", "new", "now", "value", "after"})
+_RECORDS = 200
+"""The most records (JSON objects, table rows) an output is read for replaced values."""
+_PARSED = 200_000
+"""The longest JSON output parsed for them (characters)."""
+
+
+def _replaced_fields(output: str) -> list[Note]:
+    """Notes for the values a structured output names as replaced.
+
+    A JSON field beside its ``previous_`` twin (``{"owner": "Ana", "previous_owner":
+    "Tom"}``) and a table or CSV column beside its "previous" one (``| service | owner
+    | previous owner |``, ``key,current,previous``) give "owner: Ana (was Tom)",
+    qualified by the record's first other field ("billing owner", "region").
+    """
+    found: list[Note] = []
+    for record in _records(output):
+        for name, old in record.items():
+            matched = _PREVIOUS.match(name)
+            if matched is None or not old:
+                continue
+            base = key_of(matched["a"] or matched["b"] or "")
+            fields = {key_of(k): v for k, v in record.items() if k != name}
+            new = fields.get(base) if base else None
+            new = new or next((v for k, v in fields.items() if k in _CURRENT), None)
+            if not new or new == old:
+                continue
+            label = next((v for k, v in fields.items() if k != base and k not in _CURRENT), "")
+            subject = " ".join(part for part in (label, base) if part) or "value"
+            said = note(f"{subject}: {new} (was {old})", user=False, tool=True)
+            if said is not None:
+                found.append(said._replace(changed=True))
+    return found
+
+
+def _records(output: str) -> list[dict[str, str]]:
+    """The flat records of a JSON output, or the rows of its tables and CSV, by column."""
+    text = output.strip()
+    if text[:1] in "[{" and len(text) <= _PARSED:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return []
+        items = data if isinstance(data, list) else [data]
+        return [
+            {str(k): str(v) for k, v in item.items() if isinstance(v, str | int | float)}
+            for item in items[:_RECORDS]
+            if isinstance(item, dict)
+        ]
+    rows: list[dict[str, str]] = []
+    header: list[str] | None = None
+    for line in text.splitlines()[: _RECORDS * 2]:
+        mark = "|" if line.count("|") >= 2 else "," if line.count(",") >= 2 else ""
+        if not mark:
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split(mark)]
+        if not "".join(cells).strip("-: "):
+            continue  # a markdown table's rule
+        if header is None:
+            header = cells
+        elif len(cells) == len(header):
+            rows.append(dict(zip(header, cells, strict=True)))
+    if not any(_PREVIOUS.match(name) for row in rows[:1] for name in row):
+        return []
+    return rows
 
 
 def _noted(text: str, line: str) -> list[Note]:

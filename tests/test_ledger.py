@@ -782,6 +782,41 @@ async def test_a_line_naming_the_old_value_as_its_subject_survives_the_correctio
     assert "Workday" in ledger, ledger
 
 
+@pytest.mark.parametrize(
+    ("output", "new", "old"),
+    [
+        (
+            '{"repo": "payments", "owner": "Ana Ruiz", "previous_owner": "Tom Bell"}',
+            "Ana Ruiz",
+            "Tom Bell",
+        ),
+        (
+            "| service | owner | previous owner |\n|---|---|---|\n"
+            "| payments | Ana Ruiz | Tom Bell |",
+            "Ana Ruiz",
+            "Tom Bell",
+        ),
+        (
+            "key,current,previous\nowner,Ana Ruiz,Tom Bell\nregion,eu-west-1,us-east-1",
+            "Ana Ruiz",
+            "Tom Bell",
+        ),
+    ],
+    ids=["json-previous-field", "table-previous-column", "csv-current-previous"],
+)
+async def test_a_structured_output_naming_the_previous_value_replaces_it(
+    output: str, new: str, old: str
+) -> None:
+    """A "previous" field or column beside the current one: the entry holding it takes the new."""
+    call = openai_call("c1", "lookup_owner", {"service": "payments"}, output)
+    ledger = await ledger_of(
+        [TASK, user("For the record, the payments service owner is Tom Bell."), *call]
+    )
+    lines = ledger.splitlines()[1:]
+    assert any(new in line for line in lines), ledger
+    assert [line for line in lines if old in line and new not in line] == [], ledger
+
+
 async def test_the_value_a_correction_replaces_is_not_carried_to_an_unrelated_fact() -> None:
     """A value named as replaced ("rather than X") does not carry past the next sentence."""
     ledger = await ledger_of(
