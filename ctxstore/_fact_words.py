@@ -189,6 +189,11 @@ _CORRECTIVE = re.compile(
     r"|from now on|re-?(?:booked|named|ran|run|measured|assigned)|renamed|rebooked"
     r"|hand(?:ing|ed)(?: \S+)? (?:to|over|off)|wrong (?:one|path|link|url|file|number|figure"
     r"|value|date|id|name|address|email|plan|version)|should (?:be|read)|(?:is|are) out,)\b"
+    # A value that moved: "slipped to", "pushed the deadline to", "redlined it down to".
+    r"|\b(?:slipped|slips|pushed|pulled|raised|lowered|bumped|cut|dropped|extended|shortened"
+    r"|rescheduled|postponed|delayed|brought forward|moved|reduced|increased|upped|changed"
+    r"|corrected|replaced)\b(?:\s+\S+){0,4}?\s+(?:up |down |back |forward )?(?:to|from)\b"
+    r"|\bcorrected from\b|\bno longer\b|\s(?:->|→|=>)\s"
     r"|\b(?:correcting myself|earlier note|re-?checked|scratch what|forget|got .{1,40} wrong)\b"
     r"|\b(?:instead of|rather than|changed? (?:it )?to|moved to|is now|are now|no longer"
     r"|switch(?:ed)? to|bump(?:ed)? to|updated to|revised to|not\s.{1,40}\bbut)\b",

@@ -57,7 +57,8 @@ _CHANGED = re.compile(
     r"|revised|update[ds]?:?|(?:that|this) changes|changes things|after all|no wait|should read"
     r"|on second thought|turns? out|make (?:that|it)|correcting|re-?checking|my mistake"
     r"|mis(?:spoke|read|typed|quoted)|going forward|re-?(?:booked|named|ran|measured)"
-    r"|hand(?:ing|ed)(?: \S+)? (?:to|over|off)"
+    r"|hand(?:ing|ed)(?: \S+)? (?:to|over|off)|slipped|pushed|rescheduled|postponed|delayed"
+    r"|brought forward|redlined|raised|lowered|bumped|extended|shortened|corrected from"
     r"|(?:i'm|we're|i am|we are) (?:moving|switching|changing)"
     r"|the (?:right|correct|new) (?:one|value|figure|number|date)|no longer|any ?more"
     r"|correction|corrected|superseded|replaced|moved (?:to|from)|instead)\b",
@@ -106,15 +107,15 @@ def note(unit: str, *, user: bool, tool: bool = False) -> Note | None:
     kind = _statement(text)
     memory = bool(_MEMORY.search(text))
     stated = bool(_STATED.search(text))
-    was = _was(text) or _cell_was(text)
+    was = _was(text) or _cell_was(text) or _arrow_was(text)
     changed = bool(was or _CHANGED.search(text) or _CORRECTIVE.search(text))
     asserted = bool(_ASSERTED.search(text))
     reported = bool(_REPORTED.search(text))
     words = content(text)
     if not values and kind is None and not (stated and len(words) >= 4):
         return None
-    if tool and not (memory or kind or stated or asserted):
-        return None  # data: a line of output must say what it is
+    if tool and not (memory or kind or stated or asserted or (was and values)):
+        return None  # data: a line of output must say what it is (or what it replaced)
     weight = 4 * memory + 3 * (kind is not None or stated) + 3 * changed + 2 * reported
     weight += 2 * asserted + min(3, len(values)) + 2 * user
     if weight < _THRESHOLD and (tool or not values or len(words) < 3):
@@ -140,6 +141,15 @@ ABOUT = 16
 _WAS_CELL = re.compile(
     r"(?:^|\|)\s*(?:was|previously|formerly|old:?)\s+(?P<old>[^|]+?)\s*(?:\||$)", re.I
 )
+
+
+_ARROW = re.compile(r"(?P<old>[^\s(:,;]+(?: [^\s(:,;>-]+)?)\s*(?:->|→|=>)\s*\S")
+
+
+def _arrow_was(text: str) -> str | None:
+    """The old value of "X -> Y" ("01:15 UTC -> 03:45 UTC")."""
+    found = _ARROW.search(text)
+    return found["old"] if found and any(c.isalnum() for c in found["old"]) else None
 
 
 def _cell_was(text: str) -> str | None:

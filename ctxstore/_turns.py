@@ -292,6 +292,8 @@ _PREVIOUS = re.compile(
     re.I,
 )
 _CURRENT = frozenset({"current", "new", "now", "value", "after"})
+_PAIRS = (("from", "to"), ("old", "new"), ("before", "after"), ("old value", "new value"))
+"""Fields that give a change's two values, old first."""
 _RECORDS = 200
 """The most records (JSON objects, table rows) an output is read for replaced values."""
 _PARSED = 200_000
@@ -308,6 +310,15 @@ def _replaced_fields(output: str) -> list[Note]:
     """
     found: list[Note] = []
     for record in _records(output):
+        fields = {key_of(k): v for k, v in record.items()}
+        for before, after in _PAIRS:  # {"field": "due_date", "from": "June 3", "to": "June 10"}
+            if fields.get(before) and fields.get(after) and fields[before] != fields[after]:
+                label = next((v for k, v in fields.items() if k not in (before, after)), "value")
+                said = note(
+                    f"{label}: {fields[after]} (was {fields[before]})", user=False, tool=True
+                )
+                if said is not None:
+                    found.append(said._replace(changed=True))
         for name, old in record.items():
             matched = _PREVIOUS.match(name)
             if matched is None or not old:
@@ -354,7 +365,10 @@ def _records(output: str) -> list[dict[str, str]]:
             header = cells
         elif len(cells) == len(header):
             rows.append(dict(zip(header, cells, strict=True)))
-    if not any(_PREVIOUS.match(name) for row in rows[:1] for name in row):
+    names = {key_of(name) for row in rows[:1] for name in row}
+    if not any(_PREVIOUS.match(name) for name in names) and not any(
+        set(pair) <= names for pair in _PAIRS
+    ):
         return []
     return rows
 

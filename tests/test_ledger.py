@@ -817,6 +817,51 @@ async def test_a_structured_output_naming_the_previous_value_replaces_it(
     assert [line for line in lines if old in line and new not in line] == [], ledger
 
 
+@pytest.mark.parametrize(
+    ("before", "after", "new", "old"),
+    [
+        (
+            "Data freeze is scheduled for 2025-09-30.",
+            "Data freeze slipped to 2025-10-21.",
+            "2025-10-21",
+            "2025-09-30",
+        ),
+        (
+            "The lease term is 36 months.",
+            "Legal negotiated the lease term down to 24 months.",
+            "24 months",
+            "36 months",
+        ),
+    ],
+    ids=["slipped-to", "down-to"],
+)
+async def test_a_value_that_moved_replaces_the_one_it_moved_from(
+    before: str, after: str, new: str, old: str
+) -> None:
+    """A value said to have slipped, been pushed or negotiated down replaces the old one."""
+    ledger = await ledger_of([TASK, user(before), assistant("Noted."), user(after)])
+    lines = ledger.splitlines()[1:]
+    assert any(new in line for line in lines), ledger
+    assert [line for line in lines if old in line and new not in line] == [], ledger
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        '{"field": "release date", "from": "June 3", "to": "June 10", "by": "pm-bot"}',
+        "2025-06-01T10:00:00Z INFO scheduler: release date changed (June 3 -> June 10)",
+    ],
+    ids=["json-from-to", "log-arrow"],
+)
+async def test_a_change_a_tool_reports_from_one_value_to_another_replaces_it(output: str) -> None:
+    """A JSON change record or a log's "X -> Y" replaces the entry holding X."""
+    call = openai_call("c1", "audit_log", {"item": "release"}, output)
+    ledger = await ledger_of([TASK, user("The release date is June 3."), *call])
+    lines = [line for line in ledger.splitlines()[1:] if not line.startswith("- audit_log:")]
+    assert any("June 10" in line for line in lines), ledger
+    assert [line for line in lines if "June 3" in line and "June 10" not in line] == [], ledger
+
+
 async def test_the_value_a_correction_replaces_is_not_carried_to_an_unrelated_fact() -> None:
     """A value named as replaced ("rather than X") does not carry past the next sentence."""
     ledger = await ledger_of(
