@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
 
 from ctxstore._fact_words import (
@@ -373,6 +374,7 @@ def _subject(before: str) -> tuple[str, bool, list[str]]:
     return " ".join(words), strong, links
 
 
+@lru_cache(maxsize=16384)
 def key_of(label: str) -> str:
     """A subject as a key: "the Cache_TTL" and "cache TTL" are one."""
     return re.sub(r"^(?:the|a|an|our|my) ", "", label.lower().replace("_", " ")).strip()
@@ -406,9 +408,13 @@ def similar(a: list[str], b: list[str]) -> float:
     return len(sa & sb) / len(sa | sb) if sa or sb else 1.0
 
 
+_VALUEISH = re.compile(r"\d|[/@]|\w[._]\w")
+
+
+@lru_cache(maxsize=65536)  # asked of each entry's words for every note a fold reads
 def valueish(word: str) -> bool:
     """Whether a word is a value: it holds a digit, a slash, an @ or an inner dot."""
-    return bool(re.search(r"\d|[/@]|\w[._]\w", word))
+    return _VALUEISH.search(word) is not None
 
 
 def plain(words: list[str]) -> list[str]:
@@ -426,6 +432,7 @@ def named(text: str) -> set[str]:
     }
 
 
+@lru_cache(maxsize=65536)
 def norm(text: str) -> str:
     """A text as compared: lower case, outer punctuation and extra spaces gone."""
     return " ".join(text.lower().strip(" .,;:!?\"'`").split())
