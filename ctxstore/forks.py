@@ -412,14 +412,16 @@ def _shared_bytes(plan: _Plan) -> int:
 
     Entries carry their tokens before them, not their bytes, so the part of
     the history a fork shares (up to the fork point, less the bridge it
-    copies) is charged the source's bytes per token: exact for a fork at the
-    end of a history of one kind of message, and never nothing, so forking and
-    deleting the source cannot grow a history past ``session_bytes``.
+    copies) is charged the source's bytes per token, its pinned copies set
+    aside (the fork copies and charges those): exact for a fork at the end of a
+    history of one kind of message, and never nothing, so forking and deleting
+    the source cannot grow a history past ``session_bytes``.
     """
     tokens, held = plan.source
+    held -= sum(len(copy) for _, copy in plan.keep)  # pinned copies: charged as copied
     copied = sum(int(row_fields(row).get(b"t", b"0")) for _, row in plan.rows)
     shared = max(0, plan.counts[1] - copied)
-    if not tokens or not shared:
+    if not tokens or not shared or held <= 0:
         return 0
     return -(-held * min(shared, tokens) // tokens)  # rounded up: a quota errs on the safe side
 

@@ -405,6 +405,20 @@ async def test_forks_do_not_grow_a_history_past_the_byte_quota(store: ContextSto
     assert 0 < held <= 20_000
 
 
+async def test_a_fork_of_a_history_near_its_byte_quota_is_not_refused_for_its_pins(
+    store: ContextStore,
+) -> None:
+    """A pinned message's copy is charged once: a fork at the end fits where its source fits."""
+    await store.set_limits(TenantLimits(session_bytes=24_000))
+    first = await store.append("s", {"role": "user", "content": "p" * 8_000})
+    await store.pin("s", first.entry_id)
+    for _ in range(12):
+        await store.append("s", {"role": "user", "content": "x" * 400})
+    await store.fork("s", "f")  # copies the pin, shares the rest: 8,000 + 8,000 + 4,800
+    held = sum([len(m.message["content"]) async for m in store.iter_history("f")])
+    assert held == 8_000 + 12 * 400
+
+
 async def test_imports_and_forks_count_against_the_session_quota(store: ContextStore) -> None:
     """At max_sessions, neither a fork nor an import creates one more."""
     await store.set_limits(TenantLimits(sessions=2))
