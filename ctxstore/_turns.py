@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from ctxstore._facts import Entry, Fact, Kind, clip, is_statement, key_of, prose_facts
@@ -183,18 +184,27 @@ def failure(output: str, flagged: bool) -> str | None:
     return None
 
 
+@lru_cache(maxsize=16)  # one output is read for its failure, then for its replaced values
+def _decoded(output: str) -> Any:
+    """The JSON value an output starts with (other output may follow it), else ``None``.
+
+    Callers only read it: the value is shared between them.
+    """
+    text = output.lstrip()
+    if text[:1] not in "[{":
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(text)[0]
+    except (ValueError, RecursionError):
+        return None
+
+
 def _json_failure(output: str) -> str | None:
     """A JSON result's failure: its error, or stderr with a non-zero exit; "" when it passed.
 
     The JSON may be followed by other output (a stack, a timing line).
     """
-    text = output.lstrip()
-    if not text.startswith("{"):
-        return None
-    try:
-        data, _ = json.JSONDecoder().raw_decode(text)
-    except ValueError:
-        return None
+    data = _decoded(output)
     if not isinstance(data, dict):
         return None
     code = next((data[k] for k in ("exit_code", "returncode", "exitCode") if k in data), 0)
@@ -296,8 +306,6 @@ _PAIRS = (("from", "to"), ("old", "new"), ("before", "after"), ("old value", "ne
 """Fields that give a change's two values, old first."""
 _RECORDS = 200
 """The most records (JSON objects, table rows) an output is read for replaced values."""
-_PARSED = 200_000
-"""The longest JSON output parsed for them (characters)."""
 
 
 def _replaced_fields(output: str) -> list[Note]:
@@ -340,11 +348,8 @@ def _replaced_fields(output: str) -> list[Note]:
 def _records(output: str) -> list[dict[str, str]]:
     """The flat records of a JSON output, or the rows of its tables and CSV, by column."""
     text = output.strip()
-    if text[:1] in "[{" and len(text) <= _PARSED:
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return []
+    if text[:1] in "[{":
+        data = _decoded(output)
         items = data if isinstance(data, list) else [data]
         return [
             {str(k): str(v) for k, v in item.items() if isinstance(v, str | int | float)}

@@ -300,9 +300,7 @@ class _Ledger:
         said = new.value.lower()
         best: tuple[int, int] | None = None
         chosen = None
-        for entry in self.entries.values():
-            if entry.kind not in _CORRECTABLE or entry.key == TASK or entry.last == n:
-                continue  # (what this message itself stated or corrected is no earlier value)
+        for entry in self._earlier(n):
             subject = (set(plain(entry.words)) | set(key_of(entry.pre).split())) - STOP
             shared = len(words & subject)
             if shared < 2 or 2 * shared < len(subject) or norm(entry.value) in said:
@@ -336,11 +334,8 @@ class _Ledger:
         if len(words) < 2:
             return None
         said = new.value.lower()
-        best: tuple[int, int] | None = None
-        chosen = None
-        for entry in self.entries.values():
-            if entry.kind not in _CORRECTABLE or entry.key == TASK or entry.last == n:
-                continue
+        scored: list[tuple[tuple[int, int], Entry]] = []
+        for entry in self._earlier(n):
             if norm(entry.value) in said:
                 continue
             around = _core(entry.about or entry.words, _line(entry))
@@ -348,9 +343,9 @@ class _Ledger:
             shared = len(words & around)
             most = shared >= 2 and 3 * shared >= 2 * min(len(words), len(around))
             whole = shared == len(around) >= 1  # "the warehouse is Redshift": all of it
-            if (shared >= 3 or most or whole) and (best is None or (shared, entry.last) > best):
-                best, chosen = (shared, entry.last), entry
-        return chosen
+            if shared >= 3 or most or whole:
+                scored.append(((shared, entry.last), entry))
+        return _best(scored)
 
     def _framed(self, found: Note, n: int) -> Entry | None:
         """The latest entry stating a value in the same words as a note that says it changed.
@@ -362,9 +357,7 @@ class _Ledger:
         if not frames:
             return None
         said = found.entry.value.lower()
-        for entry in sorted(self.entries.values(), key=lambda e: e.last, reverse=True):
-            if entry.kind not in _CORRECTABLE or entry.key == TASK or entry.last == n:
-                continue
+        for entry in sorted(self._earlier(n), key=lambda e: e.last, reverse=True):
             line = _line(entry)
             for start, end in spans(line):
                 value = line[start:end]
@@ -442,20 +435,30 @@ class _Ledger:
         if not wanted:
             return None
         lowered, mine = said.lower(), set(plain(words)) - STOP - _CUES
-        best: tuple[int, int] | None = None
-        chosen = None
-        for entry in self.entries.values():
-            if entry.kind not in _CORRECTABLE or entry.key == TASK or entry.last == n:
-                continue
+        found: list[tuple[tuple[int, int], Entry]] = []
+        for entry in self._earlier(n):
             line = f"{entry.pre}{entry.value}{entry.post}"
-            for start, end in _spans(line):
-                shaped = form(line, start, end)
-                if shaped and _same_form(shaped, wanted) and line[start:end].lower() not in lowered:
-                    score = (len(mine & set(plain(entry.about or entry.words))), entry.last)
-                    if best is None or score > best:
-                        best, chosen = score, entry
-                    break
-        return chosen
+            if any(
+                (shaped := form(line, start, end)) is not None
+                and _same_form(shaped, wanted)
+                and line[start:end].lower() not in lowered
+                for start, end in _spans(line)
+            ):
+                shared = len(mine & set(plain(entry.about or entry.words)))
+                found.append(((shared, entry.last), entry))
+        return _best(found)
+
+    def _earlier(self, n: int) -> list[Entry]:
+        """The entries a statement of message ``n`` may correct.
+
+        Not the task, a tool's record or an error, and nothing message ``n`` itself
+        stated or corrected already.
+        """
+        return [
+            e
+            for e in self.entries.values()
+            if e.kind in _CORRECTABLE and e.key != TASK and e.last != n
+        ]
 
     def _duplicate(self, new: Entry) -> Entry | None:
         for entry in self.entries.values():
@@ -563,6 +566,8 @@ _MAIL = re.compile(r"[\w.+-]+@([\w-]+\.[\w.-]+)")
 _FILE = re.compile(r"\w\.([a-z][a-z0-9]{0,4})$")
 _CODE = re.compile(r"\b[A-Z]{1,5}\b")
 _UNIT = re.compile(r"\s?([a-z]{1,12})\b")
+_DISTINCT = re.compile(r"[^\W9_]|[$€£¥%@#]")
+"""What makes a form tell subjects apart: a letter or a sign, not digits alone."""
 
 
 _FILENAME = re.compile(r"(?<![\w./-])[\w-]{2,}\.[a-z][a-z0-9]{0,4}\b(?![./-]\w)")
@@ -611,7 +616,7 @@ def form(line: str, start: int, end: int) -> str | None:
     unit = _UNIT.match(line, end)
     if unit and unit[1] not in STOP:
         core = f"{core} {unit[1]}"
-    if "9" not in core or (not re.search(r"[^\W9_]|[$€£¥%@#]", core) and core.count("9") < 3):
+    if "9" not in core or (not _DISTINCT.search(core) and core.count("9") < 3):
         return None
     return core
 
@@ -621,14 +626,16 @@ def _same_form(found: str, wanted: set[str]) -> bool:
 
     ("Postgres 13." and "Postgres 16 last sprint": "postgres 9" and "postgres 9 last").
     """
-    if found in wanted:
-        return True
-    bare = found.split(" ")
-    return any(
-        w.split(" ")[: len(bare)] == bare or bare[: len(w.split(" "))] == w.split(" ")
-        for w in wanted
-        if abs(len(w.split(" ")) - len(bare)) == 1 and re.search(r"[^\W9_]|[$€£¥%@#]", w)
-    )
+    for other in wanted:
+        shorter, longer = sorted((found, other), key=len)
+        if found == other or (longer.rsplit(" ", 1)[0] == shorter and _DISTINCT.search(other)):
+            return True
+    return False
+
+
+def _best(scored: list[tuple[tuple[int, int], Entry]]) -> Entry | None:
+    """The entry of the highest score (the first of equals), or ``None``."""
+    return max(scored, key=lambda pair: pair[0])[1] if scored else None
 
 
 def _qualified_alike(old: Entry, new: Entry) -> bool:
