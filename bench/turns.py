@@ -32,7 +32,9 @@ where its last view started and reads back that far); and a *hot* view (the
 pod that viewed the session last, after one new message). Each phase runs
 over 20 sessions, so its two INFO probes are spread over 20 operations, and
 the plain client does the same phases (its view is the same whether hot or
-cold).
+cold). It runs twice: with messages of 1,024 bytes of text, the issue's own
+setup (its plain view sends 84 KB), and of 400 bytes, where the plain
+client's 64 messages hold less than the budget's view.
 
 It prints the tables and writes ``bench/results/turns.json``.
 """
@@ -59,9 +61,13 @@ from ctxstore import ContextStore, Settings, TiktokenCounter, count_message
 RESULTS = Path(__file__).resolve().parent / "results" / "turns.json"
 BUDGET = 8_000
 SIZE = 400
+"""Bytes of text per message of the turn workloads (the tool results and prose of bench.bench)."""
 OPS_LENGTH = 3_000
 OPS_SESSIONS = 20
-"""Bytes of text per message (the plain tool results and prose of bench.bench)."""
+OPS_SIZES = (1_024, 400)
+"""The per-operation table's message sizes. 1,024 bytes is the cost-per-turn issue's own
+setup (its plain client's view sends 84 KB: 65 entries of about 1.3 KB); at 400 bytes the
+plain client's 64 messages hold less than the budget's view, which then sends more."""
 
 
 @dataclass(slots=True)
@@ -220,14 +226,19 @@ async def phase(
     block.turns += len(sessions)
 
 
-async def operations(url: str, length: int, sessions: int, rounds: int) -> list[dict[str, Any]]:
-    """Per operation: append one message, a cold view, a hot view (after one new message)."""
+async def operations(
+    url: str, length: int, sessions: int, rounds: int, size: int
+) -> list[dict[str, Any]]:
+    """Per operation: append one message, a cold view, a hot view (after one new message).
+
+    ``size``: the bytes of text of each message (history and appends).
+    """
     counter = TiktokenCounter()
-    base = Settings(redis_url=url, key_prefix="ops", queue_name="ops:summaries")
+    base = Settings(redis_url=url, key_prefix=f"ops{size}", queue_name=f"ops{size}:summaries")
     cold_settings = base.model_copy(update={"view_cache_bytes": 0})
     raw = Redis.from_url(url)
     numbers = itertools.count()
-    history = conversation(length, SIZE, seed=9)
+    history = conversation(length, size, seed=9)
     names = [f"ops{length}-{i}" for i in range(sessions)]
     blocks = {(side, op): Block() for side in ("plain", "ctxstore") for op in OPERATIONS}
     async with (
@@ -243,7 +254,7 @@ async def operations(url: str, length: int, sessions: int, rounds: int) -> list[
 
         def user_turn() -> list[dict[str, Any]]:
             n = next(numbers)
-            return [{"role": "user", "content": f"question {n}: " + "x" * (SIZE - 20)}]
+            return [{"role": "user", "content": f"question {n}: " + "x" * (size - 20)}]
 
         for _ in range(rounds):
             for label, side, cold_side in (("plain", plain, plain), ("ctxstore", ctx, ctx_cold)):
@@ -263,10 +274,11 @@ async def operations(url: str, length: int, sessions: int, rounds: int) -> list[
     return rows
 
 
-def render_operations(rows: Sequence[dict[str, Any]], length: int) -> str:
+def render_operations(rows: Sequence[dict[str, Any]], length: int, size: int) -> str:
     """The per-operation table: plain / ctxstore / ratio for each figure."""
     labels = [row["operation"] for row in rows]
-    return _table(f"per operation ({length:,} msgs)", labels, rows, width=28, digits=2)
+    title = f"per op ({length:,} x {size:,} B)"
+    return _table(title, labels, rows, width=28, digits=2)
 
 
 def _merge(blocks: Sequence[Block]) -> dict[str, float]:
@@ -319,14 +331,22 @@ async def main_async(quick: bool) -> None:
         for name, length, sessions in cases:
             rows.append(await workload(url, name, length, sessions, turns, rounds))
             print(render(rows[-1:]).splitlines()[-1], flush=True)
-        per_op = await operations(url, OPS_LENGTH, OPS_SESSIONS, 3 if quick else 10)
+        per_op = {
+            size: await operations(url, OPS_LENGTH, OPS_SESSIONS, 3 if quick else 10, size)
+            for size in OPS_SIZES
+        }
     print()
     print(render(rows))
-    print()
-    print(render_operations(per_op, OPS_LENGTH))
+    for size, ops in per_op.items():
+        print()
+        print(render_operations(ops, OPS_LENGTH, size))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
-        json.dumps({"budget": BUDGET, "rows": rows, "operations": per_op}, indent=2) + "\n"
+        json.dumps(
+            {"budget": BUDGET, "rows": rows, "operations": {str(k): v for k, v in per_op.items()}},
+            indent=2,
+        )
+        + "\n"
     )
     print(f"\nwritten to {RESULTS}")
 

@@ -512,16 +512,26 @@ class Viewer:
 
 
 def _own(message: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a message sharing no dict or list with it (3x faster than deepcopy)."""
-    return {k: _copied(v) if type(v) in (list, dict) else v for k, v in message.items()}
+    """A copy of a message sharing no dict or list with it (3x faster than deepcopy).
+
+    A shallow copy first, then only the values that are containers copied again:
+    most values of a message are strings.
+    """
+    out = message.copy()
+    for key, value in message.items():
+        if type(value) in _CONTAINERS:
+            out[key] = _copied(value)
+    return out
+
+
+_CONTAINERS = (list, dict)
 
 
 def _copied(value: Any) -> Any:
+    """A container's copy (only containers in it are copied again)."""
     if type(value) is dict:
-        return {k: _copied(v) for k, v in value.items()}
-    if type(value) is list:
-        return [_copied(v) for v in value]
-    return value
+        return {k: _copied(v) if type(v) in _CONTAINERS else v for k, v in value.items()}
+    return [_copied(v) if type(v) in _CONTAINERS else v for v in value]
 
 
 _META = (
