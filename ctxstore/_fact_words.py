@@ -182,17 +182,22 @@ _MARKER = re.compile(
     re.I,
 )
 _CORRECTIVE = re.compile(
-    r"^(?:actually|correction|update|scratch that|(?:no,? )?wait|sorry|oops|my mistake"
+    r"^(?:(?:hmm+|hm|oh|ah|well|ok|okay|so|right|no)\W+)?(?:actually|correction|update"
+    r"|scratch that|(?:no,? )?wait|sorry|oops|my mistake"
     r"|change of plans?|on second thought|make (?:that|it))\b|\bafter all\W*$"
+    r"|\binstead\b|\bchanged (?:our|my) minds?\b|\bvetoed\b"
+    r"|\bi (?:recomputed|recalculated|rechecked|re-?ran|forgot|overlooked|missed|mixed up)\b"
     r"|\b(?:new direction|(?:that|this) changes|changes things)\b"
     r"|\b(?:mis(?:spoke|read|typed|quoted|remembered)|i was wrong|turns out|going forward"
     r"|from now on|re-?(?:booked|named|ran|run|measured|assigned)|renamed|rebooked"
     r"|hand(?:ing|ed)(?: \S+)? (?:to|over|off)|wrong (?:one|path|link|url|file|number|figure"
-    r"|value|date|id|name|address|email|plan|version)|should (?:be|read)|(?:is|are) out,)\b"
+    r"|value|date|id|name|address|email|plan|version|\w+(?=,? sorry))|should (?:be|read)"
+    r"|(?:is|are) out,)\b"
     # A value that moved: "slipped to", "pushed the deadline to", "redlined it down to".
     r"|\b(?:slipped|slips|pushed|pulled|raised|lowered|bumped|cut|dropped|extended|shortened"
     r"|rescheduled|postponed|delayed|brought forward|moved|reduced|increased|upped|changed"
-    r"|corrected|replaced)\b(?:\s+\S+){0,4}?\s+(?:up |down |back |forward )?(?:to|from)\b"
+    r"|corrected|replaced|switch(?:ed)?|swapped|scaled|migrated|upgraded|downgraded"
+    r"|reassigned|rolled|roll)\b(?:\s+\S+){0,4}?\s+(?:up |down |back |forward )?(?:to|from)\b"
     r"|\bcorrected from\b|\bno longer\b|\s(?:->|→|=>)\s"
     r"|\b(?:correcting myself|earlier note|re-?checked|scratch what|forget|got .{1,40} wrong)\b"
     r"|\b(?:instead of|rather than|changed? (?:it )?to|moved to|is now|are now|no longer"
@@ -214,6 +219,12 @@ _WAS_MORE = [
         r"\bwas (?P<old>\S+), now\b",
         r"\b(?:rather|prefer\w*)\b.{1,60}?\bthan\s+(?P<old>[^,;.()]+)",
         r"^forget (?P<old>.+?) for (?:the |our )?\w",
+        # "reassigned from Marcus to Priya", "changed from 84,893 seconds to 8,057 seconds"
+        r"\b(?:re\w+ed|moved|changed|switched|swapped|bumped|raised|lowered|cut|increased"
+        r"|reduced|upgraded|downgraded|migrated|went|shifted|renamed)\b(?:\s+\S+){0,4}?"
+        r"\s+from\s+(?P<old>[^,;()]+?)\s+(?:to|into|onto)\s",
+        r"^(?P<old>[^,;:()]{1,40}?) (?:is|are) out\b",  # "Jest is out, Vitest is in"
+        r"\breplac(?:e|es|ed|ing) (?P<old>[^,;()]+?) (?:with|by)\s",  # "replace X with Y"
     )
 ]
 _PREFER_OVER = re.compile(r"\bover\s+(?P<old>[\w.+#/-]+(?: [\w.+#/-]+)?)", re.I)

@@ -231,6 +231,8 @@ class _Ledger:
                 target.more.append(target.value)
                 target.value, target.last = new.value, n
                 return
+            if fact.marked and not (old or new.strong) and self._renumber(target, new.value, n):
+                return  # "Actually, 16.": the number is all it says, the subject is the entry's
             target.fixed = target.fixed or bool(old) or fact.marked
             old = old or _replaced(target, new)
             self._correct(target, new, old, n)
@@ -263,7 +265,11 @@ class _Ledger:
     def _replace(self, target: Entry, found: Note, n: int, story: Story | None) -> None:
         """Overwrite ``target`` with a note, keeping the values it loses as (was X)."""
         new = found.entry
-        gone = [v for v in named(_line(target)) if v not in new.value.lower()]
+        if self._renumber(target, new.value, n):
+            if story is not None:
+                story.note(self.rank(target)[1], _line(target))
+            return
+        gone = [v.rstrip(".,;:!?") for v in named(_line(target)) if v not in new.value.lower()]
         old = ", ".join(gone[:3]) if gone else clip(target.value, 60)
         target.fixed = True
         self._correct(target, new, old, n)
@@ -295,8 +301,8 @@ class _Ledger:
             if target is not None and target.last != n:
                 return target
         words = set(plain(new.words)) - STOP
-        if len(words) < 2:
-            return None
+        if len(words) < 2:  # "Make it 36.": only a number to go by
+            return self._bare(new.value, n) if found.changed else None
         said = new.value.lower()
         best: tuple[int, int] | None = None
         chosen = None
@@ -318,6 +324,7 @@ class _Ledger:
                 self._framed(found, n)
                 or self._worded(found, n)
                 or self._alike(forms(new.value), new.value, new.words, n)
+                or self._bare(new.value, n)
             )
         return chosen
 
@@ -418,9 +425,57 @@ class _Ledger:
             overlap = [e for e in recent if (set(e.words) & set(new.words)) - STOP]
             if overlap:
                 return max(overlap, key=lambda e: e.last)
+            # "Switch the slide font to IBM Plex Sans" (a decision) corrects "Font for the
+            # slides: Helvetica" (a name): a fresh fact of another kind, on a word of its subject.
+            mine = set(plain(new.words)) - STOP - _CUES
+            fresh = [
+                e
+                for e in self._earlier(n)
+                if e.last >= n - 4 and mine & (set(plain(e.about or e.words)) - STOP - _CUES)
+            ]
+            if fresh and new.kind in STATEMENTS:
+                return max(fresh, key=lambda e: e.last)
             line = _line(new)
-            return self._alike(forms(line), line, new.words, n)
+            return self._alike(forms(line), line, new.words, n) or self._bare(line, n)
         return None
+
+    def _renumber(self, target: Entry, said: str, n: int) -> bool:
+        """Give ``target`` the one bare number a correction states, in its own words.
+
+        "Make it 36." over "seats to book: 30" reads "seats to book: 36 (was 30)".
+        False (nothing changed) unless the correction states one number and nothing
+        else, and the entry one number (its unit stays: "Reserve 24 chairs (was 20)").
+        """
+        said_values = _bare_numbers(said)
+        spots = [(a, b) for a, b in _spans(target.value) if _BARE.fullmatch(target.value[a:b])]
+        if said_values is None or len(said_values) != 1 or len(spots) != 1:
+            return False
+        (a, b), value = spots[0], target.value
+        old = value[a:b]
+        target.old = [o for o in target.old if o != said_values[0]] + [old]
+        target.value = value[:a] + said_values[0] + value[b:]
+        target.fixed, target.last = True, n
+        self._sweep(target, old)
+        return True
+
+    def _bare(self, said: str, n: int) -> Entry | None:
+        """The latest fresh entry stating one number, for a correction that states only one.
+
+        "Make it 36." (after "let's book 30"), "Actually, 16." (after "cap the
+        workers at 8"): a number with nothing around it to tell its subject by
+        corrects the number stated last, within the last few messages.
+        """
+        values = _bare_numbers(said)
+        if not values:
+            return None
+        fresh = [
+            e
+            for e in self._earlier(n)
+            if e.last >= n - 4
+            and sum(1 for a, b in _spans(e.value) if _BARE.fullmatch(e.value[a:b])) == 1
+            and not any(v in _line(e) for v in values)
+        ]
+        return max(fresh, key=lambda e: e.last) if fresh else None
 
     def _alike(
         self, forms: Sequence[str | None], said: str, words: list[str], n: int
@@ -548,6 +603,10 @@ class _Ledger:
         return ledger
 
 
+_FILLERS = frozenset(
+    re.findall(r"\S+", "hmm hm oh ah well ok okay make it that say let lets do go with")
+)
+"""Words a bare correction is said with ("Hmm, make it 12.", "let's say 40")."""
 _CUES = frozenset(
     re.findall(
         r"\S+",
@@ -568,6 +627,30 @@ _CODE = re.compile(r"\b[A-Z]{1,5}\b")
 _UNIT = re.compile(r"\s?([a-z]{1,12})\b")
 _DISTINCT = re.compile(r"[^\W9_]|[$€£¥%@#]")
 """What makes a form tell subjects apart: a letter or a sign, not digits alone."""
+_BARE = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _bare_at(line: str, start: int, end: int) -> bool:
+    """Whether the value at ``line[start:end]`` is a number alone, nothing to tell its subject by.
+
+    No unit, sign or code, and no name before it ("March 21", "UA 512").
+    """
+    if not _BARE.fullmatch(line[start:end]) or (start and line[start - 1] in "$€£¥#-+"):
+        return False
+    return form(line, start, end) is None and line[end : end + 1] != "%"
+
+
+def _bare_numbers(line: str) -> list[str] | None:
+    """The numbers a line states when it says nothing else ("Make it 36."); else ``None``.
+
+    Nothing else: no word but fillers and a correction's cues, so the number's
+    subject can only be the one stated last ("the attendance is 7,204" has one).
+    """
+    found = _spans(line)
+    if not found or not all(_bare_at(line, a, b) for a, b in found):
+        return None
+    words = set(re.findall(r"[a-z]+", line.lower())) - STOP - _CUES - _FILLERS
+    return None if words else [line[a:b] for a, b in found]
 
 
 _FILENAME = re.compile(r"(?<![\w./-])[\w-]{2,}\.[a-z][a-z0-9]{0,4}\b(?![./-]\w)")
@@ -628,7 +711,10 @@ def _same_form(found: str, wanted: set[str]) -> bool:
     """
     for other in wanted:
         shorter, longer = sorted((found, other), key=len)
-        if found == other or (longer.rsplit(" ", 1)[0] == shorter and _DISTINCT.search(other)):
+        if found == other or (
+            shorter in (longer.rsplit(" ", 1)[0], longer.split(" ", 1)[-1])
+            and _DISTINCT.search(shorter)
+        ):
             return True
     return False
 

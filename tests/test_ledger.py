@@ -749,6 +749,80 @@ async def test_a_correction_finds_the_value_of_the_same_form(
 
 
 @pytest.mark.parametrize(
+    ("before", "after", "new", "old"),
+    [
+        ("The retry limit for the uploader is 5.", "Hmm, make it 8.", "8 (was 5)", "5"),
+        ("Reserve 20 chairs for the training.", "Actually, 24.", "24 chairs (was 20)", "20"),
+        ("Cap the request body at 10 MB.", "Let's go with 15 MB instead.", "15 MB", "10 MB"),
+        ("Warm up for 500 steps.", "Let's do 800 steps instead.", "800 steps", "500 steps"),
+        (
+            "We'll bundle the frontend with Webpack.",
+            "Webpack is out, Rollup is in.",
+            "Rollup",
+            "Webpack",
+        ),
+        (
+            "The favicon is static/icon-old.ico.",
+            "I'll replace static/icon-old.ico with static/brand/icon-v2.svg in every page.",
+            "static/brand/icon-v2.svg",
+            "static/icon-old.ico",
+        ),
+        (
+            "Font for the invoices: Arial.",
+            "Switch the invoice font to Source Serif.",
+            "Source Serif",
+            "Arial",
+        ),
+        (
+            "Median session length was 7.5 minutes.",
+            "I recalculated it: median session length was 6.1 minutes.",
+            "6.1 minutes",
+            "7.5 minutes",
+        ),
+        (
+            "The release ticket is OPS-4410.",
+            "Wrong ticket, sorry, it's OPS-4401.",
+            "OPS-4401",
+            "OPS-4410",
+        ),
+    ],
+    ids=[
+        "bare-make-it",
+        "bare-actually",
+        "instead-same-unit",
+        "instead-sentence-initial-verb",
+        "is-out",
+        "replace-with",
+        "fresh-fact-of-another-kind",
+        "recalculated",
+        "wrong-x-sorry",
+    ],
+)
+async def test_corrections_in_few_words(before: str, after: str, new: str, old: str) -> None:
+    """A correction with no subject, or worded as a swap, replaces the value it corrects.
+
+    A bare number ("Actually, 24.") corrects the number stated last, in that entry's words.
+    """
+    ledger = await ledger_of([TASK, user(before), assistant("Noted."), user("Next?"), user(after)])
+    lines = ledger.splitlines()[1:]
+    assert any(new in line for line in lines), ledger
+    assert [line for line in lines if f"{old}" in line and new not in line] == [], ledger
+
+
+async def test_a_bare_number_corrects_nothing_that_has_a_subject_of_its_own() -> None:
+    """A correction naming its subject is not taken for a bare number: other numbers stay."""
+    ledger = await ledger_of(
+        [
+            TASK,
+            user("The expected attendance at the launch is 4,250. We expect 15811 people overall."),
+            assistant("Noted."),
+            user("Correcting myself: the expected attendance at the launch is 7,204."),
+        ]
+    )
+    assert "15811" in ledger and "7,204 (was 4,250)" in ledger, ledger
+
+
+@pytest.mark.parametrize(
     ("first", "second", "a", "b"),
     [
         ("The frontend runs on port 3000.", "The backend runs on port 8000.", "3000", "8000"),
@@ -1050,7 +1124,7 @@ async def test_legacy_summarize_round_trips_through_its_own_parser() -> None:
     more = await summarizer.summarize(
         text, [user("Actually, make the batch size 256.")], max_tokens=2_000
     )
-    assert "- batch size 256 (was 384, 512)" in more.partition("\n\n")[0].splitlines()
+    assert "- batch size: 256 (was 384, 512)" in more.partition("\n\n")[0].splitlines()
 
 
 async def test_a_foreign_summary_is_read_as_well_as_it_can_be() -> None:
