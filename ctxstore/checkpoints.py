@@ -122,11 +122,23 @@ class Checkpoints:
             EntryNotFoundError: The checkpoint is unknown, or on an abandoned branch.
             InvalidInputError: ``to`` is neither a checkpoint nor an entry id.
         """
-        if isinstance(to, Checkpoint):
-            to = to.checkpoint_id
+        given = to if isinstance(to, Checkpoint) else None
+        if given is not None:
+            to = given.checkpoint_id
         if not (isinstance(to, str) and to.startswith("cp-")):
             return check_entry_id(to, session), None
         point = await self.get(session, to)
+        if given is not None and (point.entry_id, point.created_ms) != (
+            given.entry_id,
+            given.created_ms,
+        ):
+            # Ids are per session: another session's cp-1 is not this one's.
+            raise EntryNotFoundError(
+                f"the checkpoint given is not this session's {to} (another session's, "
+                "or one recorded before a delete)",
+                tenant=self._scope.tenant,
+                session=session,
+            )
         if point.branch is not None:
             raise EntryNotFoundError(
                 f"checkpoint {to} is on branch {point.branch}, not in the history",

@@ -34,6 +34,7 @@ from ctxstore._validate import (
 from ctxstore.errors import (
     ConflictError,
     CtxstoreError,
+    InvalidInputError,
     InvalidMessageError,
     SessionNotFoundError,
     StoreUnavailableError,
@@ -385,6 +386,12 @@ class Writer:
                 its byte quota, or the pin past its write rate.
         """
         keys = self._scope.keys(session)
+        if not isinstance(pinned, bool):  # "no" or 2 would pin: a truthy value is not a yes
+            raise InvalidInputError(
+                f"pinned must be True or False, not {pinned!r}",
+                tenant=self._scope.tenant,
+                session=session,
+            )
         entry_id = check_entry_id(entry_id, session)
         limits = await self._quotas.resolved(session)
         given: tuple[Any, ...] = ()

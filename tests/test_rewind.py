@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS
-from helpers import conversation, turn
+from helpers import conversation, oa_call, oa_result, turn
 from redis.asyncio import Redis
 from test_attacks import drop_reply
 
@@ -335,3 +335,63 @@ async def test_a_rewound_session_keeps_a_sound_view(store: ContextStore) -> None
         answered = {m["tool_call_id"] for m in view.messages if m.get("role") == "tool"}
         assert called == answered
         assert await store.get_messages("s") == messages[: cut + 1]
+
+
+async def test_rewinding_pinned_and_system_messages_gives_back_what_they_were_charged(
+    store: ContextStore,
+) -> None:
+    """A pinned tool pair or a system message rewound away returns its bytes, no more.
+
+    Their keep copies carry a header (kind, tokens, call ids) beside the data; the
+    append and the pin charged the data only, so the rewind gives back the data
+    only: cycles of pin and rewind leave the counter where it started, and a
+    session cannot grow past its quota on bytes handed back twice.
+    """
+    from test_checkpoints import raw_bytes
+
+    base = (await store.append("s", turn(0))).entry_id
+    start = await raw_bytes(store, "s")
+    long_id = "call_" + "x" * 90
+    for cycle in range(3):
+        pair = [oa_call(f"{long_id}{cycle}"), oa_result(f"{long_id}{cycle}", "out " * 20)]
+        await store.append_many("s", pair, pinned=True)
+        await store.append("s", {"role": "system", "content": f"rules, take {cycle}"})
+        assert await raw_bytes(store, "s") > start
+        await store.rewind("s", base)
+        assert await raw_bytes(store, "s") == start, cycle
+
+
+async def test_an_unpin_never_takes_the_counter_below_zero(store: ContextStore) -> None:
+    """An unpin gives back its copy's bytes, and a counter already lower stops at zero."""
+    from test_checkpoints import raw_bytes
+
+    entry = (await store.append("s", turn(0))).entry_id
+    assert await store.pin("s", entry)
+    await store._connection.transaction(
+        [("HSET", store.keys("s").meta, "bytes", 3)], key=store.keys("s").meta
+    )
+    assert await store.pin("s", entry, pinned=False)
+    assert await raw_bytes(store, "s") == 0
+
+
+async def test_a_checkpoint_of_another_session_is_refused_not_taken_for_this_ones(
+    store: ContextStore,
+) -> None:
+    """Checkpoint ids are per session: b's cp-1 given for a is an error, and a is untouched."""
+    await store.append_many("a", [turn(i) for i in range(3)])
+    await store.checkpoint("a")
+    await store.append_many("a", [turn(i) for i in range(3, 6)])
+    await store.append("b", turn(0))
+    theirs = await store.checkpoint("b")
+    with pytest.raises(EntryNotFoundError, match="not this session's cp-1"):
+        await store.rewind("a", theirs)
+    assert (await store.info("a")).count == 6
+
+
+async def test_pinned_takes_a_bool_only(store: ContextStore) -> None:
+    """A truthy string or number is refused: "no" must not pin."""
+    entry = (await store.append("s", turn(0))).entry_id
+    for wrong in ("no", 2, None):
+        with pytest.raises(InvalidInputError, match="True or False"):
+            await store.pin("s", entry, pinned=wrong)  # type: ignore[arg-type]
+    assert (await store.info("s", pins=True)).pinned == ()

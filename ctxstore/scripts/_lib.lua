@@ -133,6 +133,16 @@ local function keep_value(kind, tokens, calls, results, data)
   return kind .. '\30' .. tokens .. '\30' .. calls .. '\30' .. results .. '\30' .. data
 end
 
+-- The bytes a keep copy was charged: its data, not its header (see `keep_value`).
+local function keep_bytes(value)
+  local at = 0
+  for _ = 1, 4 do
+    at = string.find(value, '\30', at + 1, true)
+    if not at then return #value end
+  end
+  return #value - at
+end
+
 -- Take `n` writes from the session's rate bucket in `meta` (refilled at `rate` per
 -- second, up to `burst`; 0: no limit), or from `inherited` ({tokens, at}: a deleted
 -- life's, see `creation`) when meta has none. Nil when allowed (the bucket is

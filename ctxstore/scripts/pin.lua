@@ -47,7 +47,8 @@ if ARGV[2] == '1' then
   if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 elseif held then
   redis.call('HDEL', KEYS[2], ARGV[1])
-  redis.call('HINCRBY', KEYS[3], 'bytes', -size)
+  local left = (tonumber(redis.call('HGET', KEYS[3], 'bytes')) or 0) - size
+  redis.call('HSET', KEYS[3], 'bytes', math.max(0, left))  -- never below nothing
   redis.call('HINCRBY', KEYS[3], 'kv', 1)
 end
 return {1}

@@ -109,7 +109,7 @@ local kept_changed = false
 for j = 1, #keep, 2 do
   if id_before(target, keep[j]) then
     redis.call('HDEL', KEYS[3], keep[j])
-    bytes = bytes - #keep[j + 1]
+    bytes = bytes - keep_bytes(keep[j + 1])  -- what its pin or append charged: the data
     kept_changed = true
   end
 end
