@@ -111,6 +111,24 @@ class Forks:
         self._summaries = summaries
         self._handoff = handoff
 
+    async def _refuse_existing(self, target: str) -> None:
+        """Refuse a fork onto a session that exists before the source is touched.
+
+        Planning may freeze the source's log into a segment (the same history,
+        elsewhere): a fork bound to be refused should not. The script checks
+        again, atomically, for a session created in between.
+        """
+        meta = self._scope.keys(target).meta
+        (exists,) = await self._scope.connection.transaction(
+            [("HEXISTS", meta, Meta.SEQ)], session=target, key=meta
+        )
+        if exists:
+            raise SessionExistsError(
+                "a fork cannot write over a session that exists",
+                tenant=self._scope.tenant,
+                session=target,
+            )
+
     async def fork(self, source: str, target: str, at: str | Checkpoint | None) -> ForkResult:
         """Start ``target`` from ``source``'s history up to ``at`` (see ``ContextStore.fork``)."""
         self._scope.keys(source)
@@ -121,6 +139,7 @@ class Forks:
         if at is not None:
             point, checkpoint = await self._checkpoints.resolve(source, at)
         limits = await self._quotas.resolved(target)
+        await self._refuse_existing(target)
         call = secrets.token_urlsafe(9)  # this call's id: its retries are answered
         for _ in range(_ATTEMPTS):
             plan = await self._plan(source, target, point, checkpoint)

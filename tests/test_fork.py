@@ -318,6 +318,20 @@ async def test_pops_reach_into_the_shared_history(forker: ContextStore) -> None:
     assert await forker.get_messages("s") == turns(0, 100)
 
 
+async def test_a_fork_onto_a_session_that_exists_leaves_the_source_as_it_was(
+    forker: ContextStore,
+) -> None:
+    """Refused before the source is touched: a long one is not frozen into a segment."""
+    await forker.append_many("long", turns(0, 3 * BRIDGE))
+    await forker.append("taken", turn(0))
+    with pytest.raises(SessionExistsError):
+        await forker.fork("long", "taken")
+    meta = forker.keys("long").meta
+    (chain,) = await forker._connection.transaction([("HGET", meta, "chain")], key=meta)
+    assert not chain
+    assert await forker.get_messages("long") == turns(0, 3 * BRIDGE)
+
+
 async def test_bad_forks_are_refused_and_write_nothing(forker: ContextStore) -> None:
     """An existing target, a missing source, a point outside the history: typed errors."""
     ids = [r.entry_id for r in await forker.append_many("s", turns(0, 5))]
