@@ -182,6 +182,15 @@ class StagedSession:
                 out[name] = value
         if not out.get("ledger"):
             raise MalformedArchiveError(number, "a summary needs its ledger")
+        for name, value in out.items():
+            # A summary is no larger than a message may be: an archive cannot store
+            # megabytes past the quota in the session's summary.
+            if len(value.encode()) > self.limits.message_bytes:
+                raise MalformedArchiveError(
+                    number,
+                    f"the summary's {name} is over {self.limits.message_bytes} bytes "
+                    "(the largest a message may be)",
+                )
         return out
 
     def _summary_fields(self, number: int, record: dict[str, Any]) -> tuple[list[Any], str, int]:

@@ -242,3 +242,24 @@ async def test_an_export_reads_in_constant_memory(store: ContextStore) -> None:
         tracemalloc.stop()
         assert lines == size + 2
     assert peaks[1] < 1.5 * peaks[0], peaks
+
+
+async def test_a_summary_line_larger_than_a_message_may_be_is_refused(
+    summary_settings: Settings, tenant: str
+) -> None:
+    """An archive cannot store megabytes in the summary, past every quota: its line is refused."""
+    small = summary_settings.model_copy(update={"max_message_bytes": 20_000})
+    async with ContextStore.from_settings(small, tenant=tenant) as store:
+        await summarized(store, "s", 300)
+        lines = await exported(store, "s")
+        at = next(i for i, line in enumerate(lines) if json.loads(line)["ctxstore"] == "summary")
+        for name in ("ledger", "narrative", "state"):
+            record = json.loads(lines[at])
+            record.pop(f"{name}_sealed", None)
+            record[name] = "x" * 20_001
+            bad = [*lines[:at], json.dumps(record), *lines[at + 1 : -1]]
+            end = json.loads(lines[-1])
+            end.pop("digest", None)
+            with pytest.raises(MalformedArchiveError, match=f"summary's {name} is over 20000"):
+                await store.import_sessions([*bad, json.dumps(end)], session="copy")
+            assert not (await store.info("copy")).exists
