@@ -41,7 +41,9 @@ from ctxstore.writes import Writer
 __all__ = ["REASONING_TIE", "StagedSession"]
 
 STAGE_BATCH = 500
-"""Messages an import stages per round trip."""
+"""Messages an import stages per round trip, at most."""
+STAGE_BYTES = 1 << 20
+"""Bytes of messages an import stages per round trip, at most (a batch ends at either)."""
 STAGE_MS = 3_600_000
 """How long an import's staged batches last if it dies before its end line."""
 REASONING_TIE = "~reasoning:"
@@ -84,6 +86,7 @@ class StagedSession:
         self.count = 0
         self.tokens = 0
         self.bytes = 0
+        self.pending = 0  # the bytes of the batch not staged yet
         self.first = ""
         self.last = ""
         self.summary: list[Any] = []
@@ -142,7 +145,10 @@ class StagedSession:
         self.last = entry_id
         self.batch += [entry_id, kind, data, tokens, calls, results, preview, preview_tokens]
         self.batch += [self.count, self.tokens]
-        if len(self.batch) >= STAGE_BATCH * 10:
+        # As an append charges it: the data (twice when kept), and the preview.
+        self.pending += len(data) * (2 if kind else 1) + len(preview)
+        self._check_quotas(self.bytes + self.pending)
+        if len(self.batch) >= STAGE_BATCH * 10 or self.pending >= STAGE_BYTES:
             await self._flush()
 
     def _open_message(self, number: int, record: dict[str, Any]) -> Any:
@@ -285,8 +291,24 @@ class StagedSession:
             SCRIPTS.import_stage, self.stage, (STAGE_MS, *self.batch), session=self.target
         )
         self.bytes += int(added)
-        self.batch = []
+        self.batch, self.pending = [], 0
         self.staged = True
+
+    def _check_quotas(self, size: int) -> None:
+        """Refuse at once when the messages so far are over a quota.
+
+        The end line would be refused anyway; refusing as soon as it is certain
+        keeps an endless input (or one that never ends) from holding memory in
+        Redis or here.
+        """
+        for quota, limit, value in (
+            ("session_bytes", self.limits.session_bytes, size),
+            ("session_tokens", self.limits.session_tokens, self.tokens),
+        ):
+            if limit and value > limit:
+                raise QuotaExceededError(
+                    quota, limit, value, tenant=self.scope.tenant, session=self.target
+                )
 
     async def abandon(self) -> None:
         """Drop what was staged: nothing of the session is written."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -263,3 +264,29 @@ async def test_a_summary_line_larger_than_a_message_may_be_is_refused(
             with pytest.raises(MalformedArchiveError, match=f"summary's {name} is over 20000"):
                 await store.import_sessions([*bad, json.dumps(end)], session="copy")
             assert not (await store.info("copy")).exists
+
+
+async def test_an_endless_import_over_the_quota_is_refused_as_soon_as_it_is_over(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Messages past session_bytes end the import there: the rest of the input is not read."""
+    capped = settings.model_copy(update={"session_bytes": 100_000})
+    read = 0
+
+    def endless() -> Iterator[str]:
+        nonlocal read
+        header = {"ctxstore": "session", "version": 1, "tenant": tenant, "session": "big"}
+        yield json.dumps({**header, "count": 0, "tokens": 0, "epoch": 0, "ttl_seconds": None})
+        for i in range(5_000):  # 10 MB, far past the quota (a stand-in for no end at all)
+            read += 1
+            message = {"role": "user", "content": f"{i} " + "x" * 2_000}
+            yield json.dumps({"ctxstore": "message", "id": f"{1_000 + i}-0", "message": message})
+        yield json.dumps({"ctxstore": "end", "session": "big", "count": 5_000})
+
+    async with ContextStore.from_settings(capped, tenant=tenant) as store:
+        with pytest.raises(QuotaExceededError) as refused:
+            await store.import_sessions(endless())
+        assert refused.value.quota == "session_bytes"
+        assert 45 <= read <= 52  # 100,000 bytes of ~2 KB messages, and not one batch more
+        assert not (await store.info("big")).exists
+        assert [k async for k in raw_redis.scan_iter(match=f"*{tenant}:big}}*")] == []
