@@ -269,8 +269,9 @@ class _Ledger:
             if story is not None:
                 story.note(self.rank(target)[1], _line(target))
             return
-        gone = [v.rstrip(".,;:!?") for v in named(_line(target)) if v not in new.value.lower()]
-        old = ", ".join(gone[:3]) if gone else clip(target.value, 60)
+        gone = [v for v in named(_line(target)) if v not in new.value.lower()]
+        # Shown without a sentence's full stop; swept as named ("anika." is not "Anika Rautio").
+        old = ", ".join(v.rstrip(".,;:!?") for v in gone[:3]) if gone else clip(target.value, 60)
         target.fixed = True
         self._correct(target, new, old, n)
         target.kind, target.weight, target.shape = new.kind, new.weight, new.shape
@@ -425,16 +426,6 @@ class _Ledger:
             overlap = [e for e in recent if (set(e.words) & set(new.words)) - STOP]
             if overlap:
                 return max(overlap, key=lambda e: e.last)
-            # "Switch the slide font to IBM Plex Sans" (a decision) corrects "Font for the
-            # slides: Helvetica" (a name): a fresh fact of another kind, on a word of its subject.
-            mine = set(plain(new.words)) - STOP - _CUES
-            fresh = [
-                e
-                for e in self._earlier(n)
-                if e.last >= n - 4 and mine & (set(plain(e.about or e.words)) - STOP - _CUES)
-            ]
-            if fresh and new.kind in STATEMENTS:
-                return max(fresh, key=lambda e: e.last)
             line = _line(new)
             return self._alike(forms(line), line, new.words, n) or self._bare(line, n)
         return None
@@ -624,7 +615,7 @@ _URL = re.compile(r"[a-z][a-z0-9+.-]*://([^/\s]+)")
 _MAIL = re.compile(r"[\w.+-]+@([\w-]+\.[\w.-]+)")
 _FILE = re.compile(r"\w\.([a-z][a-z0-9]{0,4})$")
 _CODE = re.compile(r"\b[A-Z]{1,5}\b")
-_UNIT = re.compile(r"\s?([a-z]{1,12})\b")
+_UNIT = re.compile(r"\s?([a-z]{1,12})\b", re.I)
 _DISTINCT = re.compile(r"[^\W9_]|[$€£¥%@#]")
 """What makes a form tell subjects apart: a letter or a sign, not digits alone."""
 _BARE = re.compile(r"\d[\d,]*(?:\.\d+)?")
@@ -697,8 +688,8 @@ def form(line: str, start: int, end: int) -> str | None:
     elif before[:1].isupper() and before.isalpha():
         core = f"{before.lower()} {core}"
     unit = _UNIT.match(line, end)
-    if unit and unit[1] not in STOP:
-        core = f"{core} {unit[1]}"
+    if unit and unit[1].lower() not in STOP:
+        core = f"{core} {unit[1].lower()}"  # "10 MB" and "15 mb" are one form
     if "9" not in core or (not _DISTINCT.search(core) and core.count("9") < 3):
         return None
     return core
