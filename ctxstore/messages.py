@@ -283,6 +283,10 @@ def check_message(message: object, *, max_bytes: int, index: int | None = None) 
         if problem:
             raise InvalidMessageError(problem, index=index)
         role = None
+    elif _plain_text(message):
+        # Most messages: a role that takes text and the text. The model would accept it;
+        # it calls no tool and answers none (5 us of the append's own time saved).
+        return Checked(message, data, message["role"], (), ())
     else:
         try:
             role = _MESSAGE.validate_python(message).role
@@ -292,6 +296,20 @@ def check_message(message: object, *, max_bytes: int, index: int | None = None) 
             raise InvalidMessageError(_TOO_DEEP, index=index) from exc
     # Validated, the ids are where policies looks for them in a stored message.
     return Checked(message, data, role, tuple(call_ids(message)), tuple(result_ids(message)))
+
+
+_TEXT_ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+
+def _plain_text(message: dict[str, Any]) -> bool:
+    """Whether a message is only a role that takes text and its text: nothing to check further."""
+    role = message.get("role")
+    return (
+        len(message) == 2
+        and type(message.get("content")) is str
+        and type(role) is str
+        and role in _TEXT_ROLES
+    )
 
 
 def _item_problem(item: dict[str, Any]) -> str | None:
