@@ -22,6 +22,7 @@ import inspect
 import logging
 import random
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -103,6 +104,37 @@ _FAST: dict[type[Any], type[Any]] = (
     else {}
 )
 
+
+class _Pool(rconn.BlockingConnectionPool):
+    """redis-py's bounded pool, minus the readiness check for connections known to be clean.
+
+    Before it hands out a connection, redis-py tries a non-blocking read on it,
+    in case a caller gave it back with a reply unread: 19 us a call with
+    redis-py 5 (a timeout and the error it raises), a tenth of a warm view.
+    :meth:`Connection.node_call` reads every reply it asks for and
+    disconnects a connection on any error or cancellation, so one it gives
+    back is clean: it is marked, and skips that check once. Whatever any other
+    user of the pool (redis-py's own commands) gives back is checked. A marked
+    connection the server closed meanwhile (a restart) fails its next call
+    once, and the call is retried, as any connection error is.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._clean: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def mark_clean(self, connection: Any) -> None:
+        """``connection`` was given back with every reply read."""
+        self._clean.add(connection)
+
+    async def ensure_connection(self, connection: Any) -> None:
+        if connection in self._clean:
+            self._clean.discard(connection)
+            if connection.is_connected:
+                return
+        await super().ensure_connection(connection)
+
+
 _NAMED = inspect.signature(rconn.ConnectionPool.get_connection).parameters.get("command_name")
 _POOL_WANTS_A_NAME = _NAMED is not None and _NAMED.default is inspect.Parameter.empty
 """redis-py 5.0-5.2 require a command name to hand out a connection; 5.3+ deprecate it."""
@@ -146,7 +178,7 @@ def make_client(url: str, settings: Settings) -> Any:
         return RedisCluster.from_url(url, max_connections=settings.max_connections, **options)
     # A bounded pool that makes a call wait for a free connection: redis-py 8's
     # default pool (100 connections) fails a burst of calls past it at once.
-    pool = rconn.BlockingConnectionPool.from_url(
+    pool = _Pool.from_url(
         url,
         max_connections=settings.max_connections,
         timeout=settings.operation_timeout,
@@ -333,6 +365,8 @@ class Connection:
             # A half-read reply must never reach the next user of this connection.
             await conn.disconnect()
             raise
+        else:
+            self._mark_clean(conn)
         finally:
             await release(conn)
         if not transaction:
@@ -347,6 +381,11 @@ class Connection:
             if isinstance(reply, Exception):
                 raise reply
         return result
+
+    def _mark_clean(self, conn: Any) -> None:
+        """Tell the pool ``conn`` comes back with every reply read (:class:`_Pool`)."""
+        if not self.cluster and isinstance(self.client.connection_pool, _Pool):
+            self.client.connection_pool.mark_clean(conn)
 
     async def _acquire(self, key: str) -> tuple[Any, Callable[[Any], Awaitable[None]]]:
         """A connection to the node owning ``key``, and how to give it back."""
@@ -422,6 +461,33 @@ class Connection:
             session=session,
             key=slot_key,
         )
+
+    async def batch(
+        self,
+        commands: Sequence[tuple[Any, ...]],
+        *,
+        session: str | None = None,
+        key: str | None = None,
+    ) -> list[Any]:
+        """Send ``commands`` in one round trip, not atomically; raw replies, in order.
+
+        Cheaper than :meth:`transaction` (no MULTI/EXEC) for reads whose last
+        replies validate the first ones: other clients' commands may run
+        between these. ``key`` names the slot; by default, the first command's.
+
+        Raises:
+            StoreError: Redis refused a command.
+        """
+        slot_key = key if key is not None else str(commands[0][1])
+
+        async def op() -> list[Any]:
+            replies = await self.node_call(slot_key, commands)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+
+        return await self.call(op, session=session, key=slot_key)
 
     async def script(
         self,

