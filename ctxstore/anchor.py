@@ -396,22 +396,31 @@ class Viewer:
     ) -> Snapshot | None:
         """Read only what is new since this pod's last view; ``None``: read cold.
 
-        One MULTI/EXEC reads the counters, the anchor's value (not its
-        summary) and the entries after the last one kept. The copy holds only
-        if the epoch and the life are the same, the count grew by exactly the
-        entries read (so none was popped), and the pinned copies' version is
-        the same. An anchor another pod moved costs one more round trip for
+        One round trip reads the entries after the last one kept, then the
+        anchor's value (not its summary), then the counters. The copy holds
+        only if the epoch and the life are the same, the count grew by exactly
+        the entries read (so none was popped), and the pinned copies' version
+        is the same. An anchor another pod moved costs one more round trip for
         its summary.
+
+        The three reads are not a transaction (MULTI/EXEC costs the server a
+        fifth of this read), so another client may write between them; the
+        order makes that safe. The counters are read last: a rewrite, pop,
+        expiry or pin that came after the entries were read changes the
+        epoch, the life or the version, and an append the count, so the copy
+        is refused. If none changed, the log was as read from the first read
+        to the last, and an anchor moved meanwhile was planned on entries this
+        pod holds.
         """
         connection, codec = self._scope.connection, self._scope.codec
         low = "(" + warm.tail[-1].entry_id if warm.tail else "-"
-        meta, anchor, rows = await connection.transaction(
+        rows, anchor, meta = await connection.batch(
             [
-                ("HMGET", keys.meta, *_META),
-                ("HGET", keys.anchor, size),
                 # Newest first, from the stream's end: XRANGE from an id would walk the
                 # last node's entries up to it (a stream node holds up to 200).
                 ("XREVRANGE", keys.log, "+", low, "COUNT", _WARM_LIMIT),
+                ("HGET", keys.anchor, size),
+                ("HMGET", keys.meta, *_META),
             ],
             session=session,
             key=keys.log,

@@ -13,7 +13,9 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import pytest
 from helpers import SYSTEM, assistant, oa_call, oa_result, system, turn, user
 from hypothesis import HealthCheck, given
 from hypothesis import settings as settings_
@@ -279,3 +281,66 @@ async def test_a_pod_reads_the_protected_copies_once_per_change(
         assert dumped(warm) == dumped(cold)
         assert warm.stats.entries_read == cold.stats.entries_read
         assert stored[5].message in warm.messages
+
+
+WRITES = ["append", "exchange", "pin", "pop", "pop-append", "replace", "summarize", "move"]
+
+
+@pytest.mark.parametrize("point", [0, 1, 2])
+@pytest.mark.parametrize("write", WRITES)
+async def test_a_write_between_the_warm_reads_commands_is_never_missed(
+    summary_settings: Settings, tenant: str, write: str, point: int
+) -> None:
+    """Another pod's write landing before any of a warm read's three commands is in its view.
+
+    The warm read is one round trip but not a transaction: here its commands
+    are sent one at a time, with the write landing just before command
+    ``point``. Whatever it is, the view is the one a cold pod reads after it.
+    """
+    async with pods(summary_settings, tenant) as (a, b, c):
+        await b.append("s", SYSTEM)
+        stored = await b.append_many("s", [turn(i) for i in range(60)])
+        await same_as_cold(a, c, "s", 600)
+        await b.append("s", user("one more"))
+
+        async def other_pod() -> None:
+            if write == "append":
+                await b.append("s", user("landed between"))
+            elif write == "exchange":
+                await b.append_many("s", [oa_call("cx"), oa_result("cx", "between")])
+            elif write == "pin":
+                assert await b.pin("s", stored[5].entry_id)
+            elif write == "pop":
+                await b.pop("s")
+            elif write == "pop-append":  # the count ends where it was: the epoch tells
+                await b.pop("s")
+                await b.append("s", user("in its place"))
+            elif write == "replace":
+                await b.replace("s", [SYSTEM, user("a new start")])
+            elif write == "summarize":
+                assert (await b.summarize("s", LocalSummarizer())).status == "committed"
+                await b.view("s", token_budget=600)  # a step that swaps it in
+            else:  # another budget's view moves its own anchor in the same hash
+                await b.view("s", token_budget=300)
+
+        connection = a._scope.connection
+        whole = connection.batch
+        landed: list[int] = []
+
+        async def one_at_a_time(commands: list[Any], **kwargs: Any) -> list[Any]:
+            replies = []
+            for index, command in enumerate(commands):
+                if index == point:
+                    await other_pod()
+                    landed.append(index)
+                replies += await whole([command], **kwargs)
+            return replies
+
+        connection.batch = one_at_a_time  # type: ignore[method-assign]
+        try:
+            view = await a.view("s", token_budget=600)
+        finally:
+            del connection.batch
+        assert landed == [point]  # the view read warm, and the write came where asked
+        again = await c.view("s", token_budget=600)
+        assert dumped(view) == dumped(again)
