@@ -153,6 +153,9 @@ class Tally:
         strict: Pairs where the previous view is a prefix of the next.
         loose: Pairs where the shared prefix holds at least half the previous view's tokens.
         reuse_sum: Sum over pairs of shared-prefix tokens / next view tokens.
+        growth_sum: Sum over strict pairs of the tokens the next view adds (what a
+            model call adds to a view that only grows).
+        fit_pairs: Pairs whose history fits the budget (the whole history is sent).
         views: Views read.
         view_tokens: Their tokens (as the store counts them).
         over_budget: Views over budget without ``stats.over_budget``.
@@ -177,6 +180,8 @@ class Tally:
     strict: int = 0
     loose: int = 0
     reuse_sum: float = 0.0
+    growth_sum: int = 0
+    fit_pairs: int = 0
     views: int = 0
     view_tokens: int = 0
     over_budget: int = 0
@@ -206,6 +211,8 @@ class Tally:
             "cacheable": _share(self.strict, self.pairs),
             "cacheable_half": _share(self.loose, self.pairs),
             "prefix_reuse": self.reuse_sum / self.pairs if self.pairs else None,
+            "growth_per_call": self.growth_sum / self.strict if self.strict else None,
+            "fits_share": _share(self.fit_pairs, self.pairs),
             "over_budget": self.over_budget,
             "over_budget_recount": self.over_budget_recount,
             "overshoot_tokens": self.overshoot,
@@ -228,6 +235,35 @@ class Tally:
 
 def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
+
+
+FILL_TARGET = 0.85
+"""The context-quality issue's budget fill, whenever the history does not fit."""
+
+
+def cache_target(budget: int) -> float:
+    """The issue's cacheable share for ``budget``: 90% at 4k, 95% at 16k, 98% at 64k."""
+    return 0.90 if budget < 16_000 else 0.95 if budget < 64_000 else 0.98
+
+
+def frontier(budget: int, growth: float, fits: float) -> tuple[float, float]:
+    """What any view that only grows between cache breaks can reach on these conversations.
+
+    A run of k views, each the previous one plus what a model call added
+    (``growth`` tokens on average), ending full, averages ``budget - (k - 1) *
+    growth / 2``; each run starts with one break. Pairs whose whole history
+    fits (``fits``) are cacheable anyway. Returns the best cacheable share at
+    :data:`FILL_TARGET`, and the best fill at :func:`cache_target`.
+    """
+    if growth <= 0:
+        return 1.0, 1.0
+    runs_of = 1 + 2 * (1 - FILL_TARGET) * budget / growth  # k at the fill target
+    best_cache = fits + (1 - fits) * (1 - 1 / runs_of)
+    needed = (cache_target(budget) - fits) / (1 - fits) if fits < 1 else 0.0
+    if needed <= 0:
+        return best_cache, 1.0
+    runs = 1 / (1 - needed) if needed < 1 else float("inf")
+    return best_cache, max(0.0, 1 - (runs - 1) * growth / (2 * budget))
 
 
 def score_final(
@@ -326,6 +362,9 @@ class ViewSeries:
             t.strict += shared == len(self._previous)
             t.loose += 2 * kept >= sum(self._previous_tokens)
             t.reuse_sum += kept / max(1, recount)
+            t.fit_pairs += history_tokens <= budget
+            if shared == len(self._previous):
+                t.growth_sum += recount - sum(self._previous_tokens)
         self._previous, self._previous_tokens = dumps, sizes
 
     def _size(self, dump: str, message: dict[str, Any]) -> int:
@@ -559,6 +598,12 @@ def _aggregate(runs: Sequence[_Run], budgets: Sequence[int]) -> list[dict[str, A
                 }
                 for domain, tally in domains.items()
             }
+            if summary["growth_per_call"] is not None and summary["fits_share"] is not None:
+                best_cache, best_fill = frontier(
+                    budget, summary["growth_per_call"], summary["fits_share"]
+                )
+                summary["best_cacheable_at_fill_target"] = best_cache
+                summary["best_fill_at_cache_target"] = best_fill
             results.append({"policy": policy, "budget": budget, **summary})
     return results
 
@@ -605,6 +650,21 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
         for r in report["results"]
     ]
     results = report["results"]
+    bounds = [
+        [
+            r["policy"],
+            f"{r['budget']:,}",
+            "-" if r["growth_per_call"] is None else f"{r['growth_per_call']:,.0f}",
+            _pct(r["fits_share"]),
+            _pct(r["fill"]),
+            _pct(r["cacheable"]),
+            _pct(r.get("best_cacheable_at_fill_target")),
+            f"{100 * cache_target(r['budget']):.0f}%",
+            _pct(r.get("best_fill_at_cache_target")),
+        ]
+        for r in results
+        if r["policy"] != "last10"
+    ]
     budgets = report["settings"]["budgets"]
     columns = [(p, b) for b in budgets for p in POLICIES]
     by = {(r["policy"], r["budget"]): r for r in results}
@@ -653,6 +713,22 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
                 "seconds",
             ],
             main,
+        ),
+        (
+            "Fill against the prompt cache: the best any view that only grows between "
+            f"cache breaks can do at this growth ({100 * FILL_TARGET:.0f}% fill targeted)",
+            [
+                "policy",
+                "budget",
+                "growth / call",
+                "history fits",
+                "fill",
+                "cacheable",
+                "best cacheable at fill target",
+                "cache target",
+                "best fill at it",
+            ],
+            bounds,
         ),
         (
             "Retention by fact kind",

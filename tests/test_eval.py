@@ -31,6 +31,7 @@ from bench.eval import (
     ViewSeries,
     common_prefix,
     evaluate,
+    frontier,
     is_tool_result,
     last_messages,
     score_final,
@@ -191,6 +192,25 @@ def test_view_series_scores_prefixes_fill_and_budget() -> None:
     assert tally.fill_sum == pytest.approx(0.95 + 1.2 + 1.5)
     assert tally.over_budget == 1
     assert common_prefix(["x", "y"], ["x", "z", "y"]) == 1
+    counter = TiktokenCounter()
+    assert tally.growth_sum == count_message(counter, c)  # the one strict pair grew by c
+    assert tally.fit_pairs == 0  # every pair's history was past the budget
+
+
+def test_the_frontier_is_what_views_that_only_grow_can_reach() -> None:
+    """Runs that grow by g and end full: fill and cache trade off as the issue's targets can't."""
+    # 4k, 200 tokens a call, no history that fits: 85% fill allows runs of 1 + 6.144 views,
+    # so 86% cacheable; 90% cacheable needs runs of 10, which average 78% of the budget.
+    best_cache, best_fill = frontier(4_096, 200, 0.0)
+    assert best_cache == pytest.approx(1 - 1 / 7.144, abs=1e-3)
+    assert best_fill == pytest.approx(1 - 9 * 200 / (2 * 4_096), abs=1e-3)
+    # Pairs whose whole history fits are cacheable whatever the fill.
+    assert frontier(4_096, 200, 0.5)[0] > best_cache
+    assert frontier(4_096, 200, 0.5)[1] > best_fill
+    # Small growth meets both; nothing but a fit is free.
+    cache, fill = frontier(64_000, 100, 0.0)
+    assert cache > 0.98 and fill > 0.85
+    assert frontier(4_096, 0, 0.0) == (1.0, 1.0)
 
 
 async def test_evaluate_on_real_redis(redis_url: str) -> None:
