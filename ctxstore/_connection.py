@@ -113,10 +113,12 @@ class _Pool(rconn.BlockingConnectionPool):
     redis-py 5 (a timeout and the error it raises), a tenth of a warm view.
     :meth:`Connection.node_call` reads every reply it asks for and
     disconnects a connection on any error or cancellation, so one it gives
-    back is clean: it is marked, and skips that check once. Whatever any other
-    user of the pool (redis-py's own commands) gives back is checked. A marked
-    connection the server closed meanwhile (a restart) fails its next call
-    once, and the call is retried, as any connection error is.
+    back is clean: it is marked, and skips that check once, if nothing arrived
+    on it since. A server that closed it while it sat idle (a restart, CLIENT
+    KILL, its idle timeout, a proxy's reset) left an end of stream the event
+    loop has already seen: that connection is checked, and reconnected, as
+    before, instead of failing its next call. Whatever any other user of the
+    pool (redis-py's own commands) gives back is checked.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -130,9 +132,22 @@ class _Pool(rconn.BlockingConnectionPool):
     async def ensure_connection(self, connection: Any) -> None:
         if connection in self._clean:
             self._clean.discard(connection)
-            if connection.is_connected:
+            if connection.is_connected and _quiet(connection):
                 return
         await super().ensure_connection(connection)
+
+
+def _quiet(connection: Any) -> bool:
+    """Nothing arrived on an idle connection: no bytes, no end of stream, no error.
+
+    Reads the asyncio stream redis-py keeps (``_reader``), which the event loop
+    feeds whether or not anyone awaits it: no system call, nothing raised.
+    """
+    reader = getattr(connection, "_reader", None)
+    if not isinstance(reader, asyncio.StreamReader):
+        return False
+    buffered = getattr(reader, "_buffer", None)  # CPython's; without it, check as before
+    return buffered is not None and not buffered and not reader.at_eof() and not reader.exception()
 
 
 _NAMED = inspect.signature(rconn.ConnectionPool.get_connection).parameters.get("command_name")

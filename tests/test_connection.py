@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from redis.asyncio import connection as rconn
 from servers import PrivateRedis, any_redis_binary, redis7_binary
 
@@ -67,6 +68,44 @@ async def test_the_store_skips_the_check_only_for_connections_it_gave_back_clean
         assert len(checks) == first + 1
         await store.view("s", token_budget=500)
         assert len(checks) == first + 1
+
+
+async def closed_by_the_server(pool: Any, url: str) -> list[Any]:
+    """Close every pooled connection from the server's side; return once the loop saw each end."""
+    idle = list(pool._available_connections)
+    admin = Redis.from_url(url)
+    try:
+        mine = await admin.client_id()
+        for client in await admin.client_list():  # a private server: every other client is ours
+            if int(client["id"]) != mine:
+                await admin.client_kill_filter(_id=int(client["id"]))
+    finally:
+        await admin.aclose()
+    for connection in idle:
+        while not connection._reader.at_eof():  # noqa: ASYNC110 - waits on a condition
+            await asyncio.sleep(0.001)
+    return idle
+
+
+async def test_connections_the_server_closed_while_idle_cost_no_attempt(
+    private: PrivateRedis, tenant: str
+) -> None:
+    """CLIENT KILL, an idle timeout or a proxy's reset: with no retries at all, calls succeed."""
+    settings = Settings(redis_url=private.url(), retry_attempts=0)
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        await asyncio.gather(
+            *(store.append(f"s{i}", {"role": "user", "content": "first"}) for i in range(6))
+        )
+        pool = store._connection.client.connection_pool
+        assert len(await closed_by_the_server(pool, private.url())) == 6
+        # More callers than before, each on a connection the server closed, none retried.
+        results = await asyncio.gather(
+            *(store.get_messages(f"s{i % 6}") for i in range(12)),
+            *(store.append(f"s{i}", {"role": "user", "content": "second"}) for i in range(6)),
+        )
+        assert results[:12] == [[{"role": "user", "content": "first"}]] * 12
+        for i in range(6):
+            assert len(await store.get_messages(f"s{i}")) == 2
 
 
 async def test_a_restart_costs_a_retry_not_an_error_nor_a_lost_or_doubled_append(
