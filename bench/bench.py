@@ -94,7 +94,14 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.utils import HIREDIS_AVAILABLE
 
-from ctxstore import ContextStore, Keyring, LocalSummarizer, Settings
+from ctxstore import (
+    ContextStore,
+    Keyring,
+    LocalSummarizer,
+    Settings,
+    TiktokenCounter,
+    count_message,
+)
 from ctxstore.embedded import start_server, stop_server
 from ctxstore.testing import free_port, pings, redis_under_test, remove_keys
 
@@ -128,6 +135,10 @@ FLAT_VIEW_LIMIT = 1.3
 VIEW_VS_RAW_LIMIT = 2.0
 SUMMARY_VIEW_LIMIT = 1.3
 TRIGGER_APPEND_LIMIT = 1.1
+LOCAL_SUMMARY_TOKENS = 10_000
+"""Tokens of a realistic conversation the local summarizer folds in one batch, timed."""
+LOCAL_SUMMARY_LIMIT_S = 0.5
+"""The most seconds (p50) that batch may take: well under a worker's job budget."""
 MEMORY_LIMIT = 1.3
 
 SECTIONS = ("append", "view", "summary", "tenancy", "memory")
@@ -790,12 +801,42 @@ async def bench_view(bench: Bench) -> None:
     ]
 
 
+async def time_local_summarizer(runs: int = 5) -> dict[str, Any]:
+    """The local summarizer's own time for a batch of about 10,000 tokens (no Redis).
+
+    The first messages of the eval's six domains (:mod:`bench.conversations`),
+    in turn, up to :data:`LOCAL_SUMMARY_TOKENS`; each run folds them with a
+    fresh summarizer, after one untimed run that loads the encoding.
+    """
+    from bench.conversations import DOMAINS, generate
+
+    counter = TiktokenCounter()
+    pool = [m for domain in DOMAINS for m in generate(domain, 0).messages[:60]]
+    messages, total = [], 0
+    for message in pool:
+        size = count_message(counter, message)
+        if total + size > LOCAL_SUMMARY_TOKENS:
+            break
+        total += size
+        messages.append(message)
+    await LocalSummarizer().summarize(None, messages[:5], max_tokens=2_000)
+    seconds = []
+    for _ in range(runs):
+        summarizer = LocalSummarizer()
+        started = time.perf_counter()
+        await summarizer.summarize(None, messages, max_tokens=2_000)
+        seconds.append(time.perf_counter() - started)
+    _progress(f"summary: the local summarizer folds {len(messages)} messages in one batch")
+    return {"messages": len(messages), "tokens": total, "p50_s": statistics.median(seconds)}
+
+
 async def bench_summary(bench: Bench) -> None:
     """The view with a summary, the summary job's cost, and the trigger's cost to appends."""
     view = await time_summary_view(bench)
     job = await time_summary_job(bench)
     append = await time_trigger_append(bench)
-    bench.report["summary"] = {"view": view, "job": job, "append": append}
+    local = await time_local_summarizer()
+    bench.report["summary"] = {"view": view, "job": job, "append": append, "local": local}
     bench.targets += [
         Target(
             f"view@{SUMMARY_VIEW_HISTORY:,} with summary / view@{SUMMARY_VIEW_SMALL:,} (p50)",
@@ -803,6 +844,11 @@ async def bench_summary(bench: Bench) -> None:
             SUMMARY_VIEW_LIMIT,
         ),
         Target("append, trigger on / off (p50)", append["ratio_p50"], TRIGGER_APPEND_LIMIT),
+        Target(
+            f"local summarizer, ~{LOCAL_SUMMARY_TOKENS:,} tokens in one batch (s, p50)",
+            local["p50_s"],
+            LOCAL_SUMMARY_LIMIT_S,
+        ),
     ]
 
 
