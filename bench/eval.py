@@ -358,13 +358,15 @@ class ViewSeries:
         if self._previous is not None:
             shared = common_prefix(self._previous, dumps)
             kept = sum(self._previous_tokens[:shared])
+            before = sum(self._previous_tokens)
+            extends = shared == len(self._previous)
             t.pairs += 1
-            t.strict += shared == len(self._previous)
-            t.loose += 2 * kept >= sum(self._previous_tokens)
+            t.strict += extends
+            t.loose += 2 * kept >= before
             t.reuse_sum += kept / max(1, recount)
             t.fit_pairs += history_tokens <= budget
-            if shared == len(self._previous):
-                t.growth_sum += recount - sum(self._previous_tokens)
+            if extends:
+                t.growth_sum += recount - before
         self._previous, self._previous_tokens = dumps, sizes
 
     def _size(self, dump: str, message: dict[str, Any]) -> int:

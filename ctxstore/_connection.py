@@ -281,6 +281,9 @@ class Connection:
     ) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
+        pool = None if self.cluster else getattr(client, "connection_pool", None)
+        # The store's own pool, which lets clean connections skip redis-py's check.
+        self._pool: _Pool | None = pool if isinstance(pool, _Pool) else None
         self._settings = settings
         self._tenant = tenant
         self._topology = topology or _Topology()
@@ -381,7 +384,8 @@ class Connection:
             await conn.disconnect()
             raise
         else:
-            self._mark_clean(conn)
+            if self._pool is not None:
+                self._pool.mark_clean(conn)
         finally:
             await release(conn)
         if not transaction:
@@ -396,11 +400,6 @@ class Connection:
             if isinstance(reply, Exception):
                 raise reply
         return result
-
-    def _mark_clean(self, conn: Any) -> None:
-        """Tell the pool ``conn`` comes back with every reply read (:class:`_Pool`)."""
-        if not self.cluster and isinstance(self.client.connection_pool, _Pool):
-            self.client.connection_pool.mark_clean(conn)
 
     async def _acquire(self, key: str) -> tuple[Any, Callable[[Any], Awaitable[None]]]:
         """A connection to the node owning ``key``, and how to give it back."""
@@ -470,12 +469,7 @@ class Connection:
         Raises:
             StoreError: Redis refused a command or aborted the transaction.
         """
-        slot_key = key if key is not None else str(commands[0][1])
-        return await self.call(
-            lambda: self.node_call(slot_key, commands, transaction=True),
-            session=session,
-            key=slot_key,
-        )
+        return await self._round_trip(commands, atomic=True, session=session, key=key)
 
     async def batch(
         self,
@@ -493,11 +487,25 @@ class Connection:
         Raises:
             StoreError: Redis refused a command.
         """
+        return await self._round_trip(commands, atomic=False, session=session, key=key)
+
+    async def _round_trip(
+        self,
+        commands: Sequence[tuple[Any, ...]],
+        *,
+        atomic: bool,
+        session: str | None,
+        key: str | None,
+    ) -> list[Any]:
+        """``commands`` on one connection of ``key``'s node (in MULTI/EXEC if ``atomic``).
+
+        Retried as every call is; a refused command raises.
+        """
         slot_key = key if key is not None else str(commands[0][1])
 
         async def op() -> list[Any]:
-            replies = await self.node_call(slot_key, commands)
-            for reply in replies:
+            replies = await self.node_call(slot_key, commands, transaction=atomic)
+            for reply in replies:  # a transaction's refusals are raised by node_call
                 if isinstance(reply, Exception):
                     raise reply
             return replies
