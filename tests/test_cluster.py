@@ -163,7 +163,9 @@ async def test_wait_refuses_when_no_replica_can_acknowledge(
 ) -> None:
     """Asking for more replicas than exist gives ReplicationError (typed), and a retry is safe."""
     settings = failover_settings(own_cluster, redis_url, replica_acks=2).model_copy(
-        update={"replica_ack_timeout_ms": 50, "retry_attempts": 0}
+        # WAIT 2 with one replica waits out its whole timeout (twice: the reservation and the
+        # write), and the one replica must answer within it: 50 ms saw 0 of 2 once under load.
+        update={"replica_ack_timeout_ms": 300, "retry_attempts": 0}
     )
     async with ContextStore.from_settings(settings, tenant=tenant) as store:
         with pytest.raises(ReplicationError) as caught:
