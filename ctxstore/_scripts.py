@@ -1,7 +1,9 @@
 """The Lua scripts, loaded once from package data, and the same as a Redis Functions library.
 
 Each file is headed by its KEYS/ARGV contract and the race it closes; the
-functions they share are in ``_lib.lua``, put in front of each script's text.
+functions they share are in ``_lib.lua``. A script's source is the part of
+``_lib.lua`` it uses, then its own text: Redis runs the whole source on every
+call, so each shared function it carries but never calls is work for nothing.
 They run in one of two ways (``Settings.script_mode``):
 
 - ``eval`` (the default): ``Connection.script`` runs them with ``EVALSHA``
@@ -18,6 +20,7 @@ They run in one of two ways (``Settings.script_mode``):
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from importlib.resources import files
 
@@ -59,6 +62,47 @@ def _read(name: str) -> bytes:
 
 
 _LIB = _read("_lib.lua")
+_DEFINITION = re.compile(rb"^local (?:function )?(\w+)", re.MULTILINE)
+
+
+def _definitions(lib: bytes) -> list[tuple[bytes, bytes]]:
+    """``lib``'s top-level definitions, in order, as (name, text with its heading comment).
+
+    A definition starts at a line ``local function name`` or ``local name =`` and
+    owns the comment lines just above it; the file's own heading comes before the
+    first one and is dropped.
+    """
+    starts = []
+    for match in _DEFINITION.finditer(lib):
+        start = match.start()
+        while True:  # take in the comment block right above
+            above = lib.rfind(b"\n", 0, max(start - 1, 0)) + 1
+            if start == 0 or not lib[above:start].startswith(b"--"):
+                break
+            start = above
+        starts.append((match.group(1), start))
+    ends = [start for _, start in starts[1:]] + [len(lib)]
+    return [(name, lib[start:end]) for (name, start), end in zip(starts, ends, strict=True)]
+
+
+def _used(lib: bytes, body: bytes) -> bytes:
+    """The definitions of ``lib`` that ``body`` calls, directly or through another one."""
+    definitions = _definitions(lib)
+    needed: set[bytes] = set()
+    text = body
+    while True:
+        found = {
+            name
+            for name, _ in definitions
+            if name not in needed and re.search(rb"\b" + name + rb"\b", text)
+        }
+        if not found:
+            break
+        needed |= found
+        text = b"".join(part for name, part in definitions if name in found)
+    return b"".join(part for name, part in definitions if name in needed)
+
+
 _BODIES = {name: _read(f"{name}.lua") for name in NAMES}
 LIBRARY_NAME = "ctxstore_" + hashlib.sha1(_LIB + b"".join(_BODIES.values())).hexdigest()[:12]
 """The Redis Functions library of this version of the scripts."""
@@ -70,7 +114,7 @@ class Script:
 
     Attributes:
         name: Its file name, without ``.lua``.
-        source: Its text (``_lib.lua``, then the script's).
+        source: Its text (what it uses of ``_lib.lua``, then its own).
         sha: Its SHA1, as ``EVALSHA`` wants it.
         function: Its name in the Functions library, as ``FCALL`` wants it.
     """
@@ -82,8 +126,8 @@ class Script:
 
     @classmethod
     def load(cls, name: str) -> Script:
-        """The script ``scripts/<name>.lua`` of the package, behind ``scripts/_lib.lua``."""
-        source = _LIB + _BODIES[name]
+        """The script ``scripts/<name>.lua`` of the package, behind what it uses of ``_lib.lua``."""
+        source = _used(_LIB, _BODIES[name]) + _BODIES[name]
         return cls(name, source, hashlib.sha1(source).hexdigest(), f"{LIBRARY_NAME}_{name}")
 
 

@@ -9,6 +9,7 @@ GETKEYS``, and each must be one the script was given in KEYS.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -223,3 +224,29 @@ async def test_the_check_catches_an_undeclared_key(server: PrivateRedis) -> None
         await client.aclose()
     assert [key for _, _, key in bad] == [b"not-declared"]
     assert checked == 2
+
+
+def test_each_script_carries_every_shared_function_it_calls_and_no_other() -> None:
+    """A script's source holds the ``_lib.lua`` definitions it uses, in the library's order.
+
+    Redis runs a script's whole source on every call, definitions included, so
+    an unused shared function is work for nothing; a missing one is an error
+    only on the path that calls it, which a test may never take.
+    """
+    from ctxstore._scripts import _BODIES, _LIB, NAMES, _definitions
+
+    names = [name.decode() for name, _ in _definitions(_LIB)]
+    assert len(names) == len(set(names)) > 20
+    order = {name: i for i, name in enumerate(names)}
+    for script in NAMES:
+        source = getattr(SCRIPTS, script).source.decode()
+        body = _BODIES[script].decode()
+        assert source.endswith(body)
+        carried = re.findall(r"^local (?:function )?(\w+)", source[: -len(body)], re.MULTILINE)
+        assert carried == sorted(carried, key=order.__getitem__), script
+        code = "\n".join(line.split("--", 1)[0] for line in source.splitlines())
+        used = {name for name in names if re.search(rf"(?<!function )\b{name}\b", code)}
+        assert used <= set(carried), f"{script} calls {used - set(carried)} without them"
+    # Not every script takes the whole library.
+    assert len(SCRIPTS.enqueue.source) == len(_BODIES["enqueue"])
+    assert len(SCRIPTS.append.source) < len(_LIB) + len(_BODIES["append"])
