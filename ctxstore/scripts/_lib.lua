@@ -27,6 +27,12 @@ local function drop_checkpoint(meta, checkpoints, sums, id)
   return size
 end
 
+-- `n`, a whole number, as Redis wants it: redis.call turns a Lua number into a string
+-- with a float format, several times slower than an integer one.
+local function int(n)
+  return string.format('%d', n)
+end
+
 -- Make each key of `...` last at least `ttl` ms (0: for ever). TTLs only grow: a key
 -- that never expires stays so, as its readers may need it for ever.
 local function outlive(ttl, ...)
@@ -221,14 +227,14 @@ end
 -- to it reads no other).
 local function entry_fields(data, tokens, calls, results, preview, preview_tokens, n, k)
   local fields = {'m', data, 't', tokens}
-  if calls ~= '' then table.insert(fields, 'c') table.insert(fields, calls) end
-  if results ~= '' then table.insert(fields, 'r') table.insert(fields, results) end
+  local i = 4
+  if calls ~= '' then fields[i + 1], fields[i + 2], i = 'c', calls, i + 2 end
+  if results ~= '' then fields[i + 1], fields[i + 2], i = 'r', results, i + 2 end
   if preview ~= '' then
-    table.insert(fields, 'v') table.insert(fields, preview)
-    table.insert(fields, 'vt') table.insert(fields, preview_tokens)
+    fields[i + 1], fields[i + 2], fields[i + 3], fields[i + 4], i =
+      'v', preview, 'vt', preview_tokens, i + 4
   end
-  table.insert(fields, 'n') table.insert(fields, n)
-  table.insert(fields, 'k') table.insert(fields, k)
+  fields[i + 1], fields[i + 2], fields[i + 3], fields[i + 4] = 'n', n, 'k', k
   return fields
 end
 
@@ -260,8 +266,13 @@ end
 -- or 'p'), its copy to `keep`; the entry id.
 local function add_entry(log, keep, data, tokens, kind, calls, results, preview, preview_tokens,
                          n, k)
-  local fields = entry_fields(data, tokens, calls, results, preview, preview_tokens, n, k)
-  local id = redis.call('XADD', log, '*', unpack(fields))
+  local id
+  if calls == '' and results == '' and preview == '' then  -- most messages: no table
+    id = redis.call('XADD', log, '*', 'm', data, 't', tokens, 'n', n, 'k', k)
+  else
+    id = redis.call('XADD', log, '*', unpack(entry_fields(data, tokens, calls, results, preview,
+                                                          preview_tokens, n, k)))
+  end
   if kind ~= '' then
     redis.call('HSET', keep, id, keep_value(kind, tokens, calls, results, data))
   end
