@@ -129,6 +129,27 @@ class _Pool(rconn.BlockingConnectionPool):
         """``connection`` was given back with every reply read."""
         self._clean.add(connection)
 
+    def take_idle(self) -> Any | None:
+        """An idle connection given back clean and quiet since, at once; else ``None``.
+
+        redis-py's hand-out takes the pool's condition lock, arms a timeout,
+        and checks the connection: 15-20 us, a tenth of a warm view. None of it
+        is needed to take a connection that is there, when nobody waits for
+        one (a waiter goes first: this path is taken only while none waits).
+        Whatever this declines goes the usual way.
+        """
+        if not self._available_connections or self._condition.locked():
+            return None
+        if getattr(self._condition, "_waiters", True):  # unknown: do as redis-py does
+            return None
+        connection = self._available_connections[-1]  # the one redis-py would hand out
+        if connection not in self._clean or not connection.is_connected or not _quiet(connection):
+            return None
+        self._available_connections.pop()
+        self._in_use_connections.add(connection)
+        self._clean.discard(connection)
+        return connection
+
     async def ensure_connection(self, connection: Any) -> None:
         if connection in self._clean:
             self._clean.discard(connection)
@@ -405,6 +426,9 @@ class Connection:
         """A connection to the node owning ``key``, and how to give it back."""
         if not self.cluster:
             pool = self.client.connection_pool
+            conn = self._pool.take_idle() if self._pool is not None else None
+            if conn is not None:
+                return conn, pool.release
             conn = await (pool.get_connection("_") if _POOL_WANTS_A_NAME else pool.get_connection())
             return conn, pool.release
         client = cast(RedisCluster, self.client)

@@ -160,3 +160,30 @@ async def test_a_call_cancelled_mid_reply_never_hands_its_reply_to_the_next(
             private.resume()
         for _ in range(5):
             assert await store.get_messages("b") == [{"role": "user", "content": "in b"}]
+
+
+async def test_a_waiting_caller_gets_a_freed_connection_before_the_fast_hand_out(
+    private: PrivateRedis,
+) -> None:
+    """The hand-out without redis-py's lock is taken only while nobody waits for a connection."""
+    pool = _Pool.from_url(private.url(), max_connections=1, timeout=5)
+    try:
+        held = await pool.get_connection()
+        assert pool.take_idle() is None  # none idle
+        waiter = asyncio.create_task(pool.get_connection())
+        while not pool._condition._waiters:  # noqa: ASYNC110 - waits on a condition
+            await asyncio.sleep(0)
+        pool.mark_clean(held)
+        await pool.release(held)  # wakes the waiter, which has not run yet
+        assert pool.take_idle() is None  # the waiter goes first
+        assert await waiter is held
+        pool.mark_clean(held)
+        await pool.release(held)
+        assert pool.take_idle() is held  # nobody waits: taken at once
+        assert held in pool._in_use_connections and not pool._available_connections
+        assert pool.take_idle() is None
+        await pool.release(held)  # given back by redis-py's way: not marked clean
+        assert pool.take_idle() is None
+        assert await pool.get_connection() is held  # checked, then handed out
+    finally:
+        await pool.disconnect()
