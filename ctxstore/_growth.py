@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from ctxstore._codec import Anchor, Entry
 from ctxstore._formats import entry_order, item_type
 from ctxstore._pairs import in_place, pair
-from ctxstore.view import Growth, Shape, ViewPlan, sends_preview
+from ctxstore.view import Growth, Shape, ViewPlan, nested_positions, sends_preview
 
 __all__ = ["grow"]
 
@@ -93,9 +93,14 @@ def _again(
     held: ViewPlan, tokens: int, growth: Growth | None, new: Sequence[Entry] = ()
 ) -> ViewPlan:
     """``held`` with ``new`` sent after it, as stored (lists of its own: ``held`` is kept)."""
+    added = [e.message for e in new]
+    nested = held.nested
+    if nested is not None and added:
+        nested = nested | nested_positions(added, len(held.messages))
     return dataclasses.replace(
         held,
-        messages=[*held.messages, *(e.message for e in new)],
+        messages=[*held.messages, *added],
+        nested=nested,
         tokens=tokens,
         kept_ids=[*held.kept_ids, *(e.entry_id for e in new)],
         offloaded=list(held.offloaded),

@@ -55,7 +55,7 @@ from ctxstore.errors import EpochChangedError
 from ctxstore.lineage import Chain, Lineage, Row
 from ctxstore.models import RequestView, ViewStats
 from ctxstore.tokens import count_message
-from ctxstore.view import Shape, ViewPlan, form_cost, plan_anchored
+from ctxstore.view import Shape, ViewPlan, form_cost, nested_positions, plan_anchored
 
 __all__ = ["Snapshot", "Viewer", "WarmViews"]
 
@@ -517,7 +517,16 @@ class Viewer:
         stats.compacted = bool(stats.dropped or stats.offloaded or stats.summary_used)
         # Messages of the caller's own: the plan and its entries are kept for the next view
         # (:meth:`_grow`), and callers mark up what they send (cache_control on the last block).
-        return RequestView([_own(message) for message in plan.messages], stats)
+        # A message of strings and numbers only is copied in one step (a fifth of `_own`).
+        nested = plan.nested
+        if nested is None:
+            nested = plan.nested = nested_positions(plan.messages)
+        messages = (
+            [_own(m) if i in nested else m.copy() for i, m in enumerate(plan.messages)]
+            if nested
+            else [m.copy() for m in plan.messages]
+        )
+        return RequestView(messages, stats)
 
 
 def _own(message: dict[str, Any]) -> dict[str, Any]:

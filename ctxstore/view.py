@@ -42,6 +42,7 @@ __all__ = [
     "SummaryLevel",
     "ViewPlan",
     "form_cost",
+    "nested_positions",
     "plan_anchored",
     "plan_view",
     "sends_preview",
@@ -69,6 +70,10 @@ class ViewPlan:
         summary_used: True when the summary was sent.
         summary_covers: The last entry id the summary sent covers.
         protected_tokens: Tokens of the protected entries.
+        growth: What the next view needs to grow this plan, if it can.
+        nested: The positions of the messages holding a list or a dict, which a
+            caller's copy copies again (the others copy in one step); ``None``
+            until the plan is complete.
     """
 
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -82,6 +87,16 @@ class ViewPlan:
     summary_covers: str | None = None
     protected_tokens: int = 0
     growth: Growth | None = None
+    nested: frozenset[int] | None = None
+
+
+def nested_positions(messages: Sequence[dict[str, Any]], start: int = 0) -> frozenset[int]:
+    """The positions (counted from ``start``) of the messages with a list or dict value."""
+    return frozenset(
+        i
+        for i, message in enumerate(messages, start)
+        if any(type(value) in (list, dict) for value in message.values())
+    )
 
 
 @dataclass(frozen=True, slots=True)

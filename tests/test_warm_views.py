@@ -138,6 +138,18 @@ async def test_a_caller_that_marks_up_its_view_does_not_change_the_next_one(
         again = await a.view("s", token_budget=2_000)
         assert "cache_control" not in json.dumps(again.messages)
         assert "rewritten by the caller" not in json.dumps(again.messages)
+        # A message with blocks that arrives in a view grown from the last one: its
+        # copy is the caller's too, and the next grown view sends it as stored.
+        await a.append("s", {"role": "user", "content": [{"type": "text", "text": "later"}]})
+        grown = await a.view("s", token_budget=2_000)
+        assert grown.messages[-1]["content"] == [{"type": "text", "text": "later"}]
+        grown.messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        grown.messages[-1]["content"].append({"type": "text", "text": "added by the caller"})
+        await a.append("s", user("after"))
+        await same_as_cold(a, c, "s", 2_000)
+        last = await a.view("s", token_budget=2_000)
+        assert "cache_control" not in json.dumps(last.messages)
+        assert "added by the caller" not in json.dumps(last.messages)
 
 
 async def test_a_session_that_expired_and_came_back_is_read_cold(
