@@ -11,7 +11,7 @@ SDK_VENV := .venv-sdk
 SDK_BIN := $(SDK_VENV)/bin
 SDK_STAMP := $(SDK_VENV)/.installed
 
-.PHONY: install test lint typecheck check bench eval stress soak demo worker load clean
+.PHONY: install test lint typecheck check bench bench-instructions eval stress soak demo worker load clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.search_bench
 	$(BIN)/python -m bench.fork_bench
 	$(BIN)/python -m bench.archive_bench
+
+# The turn benchmark's per-operation table in redis-server instructions (needs valgrind):
+# exact where INFO cpu moves 2x between runs.
+bench-instructions: $(STAMP)
+	$(BIN)/python -m bench.turns --instructions
 
 eval: $(STAMP)
 	$(BIN)/python -m bench.eval

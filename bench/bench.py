@@ -1272,8 +1272,13 @@ _PLACEMENT = frozenset(
 
 
 @contextmanager
-def private_redis(conf: Path) -> Iterator[tuple[str | None, str]]:
+def private_redis(
+    conf: Path, *, wrapper: Sequence[str] = (), extra: Sequence[str] = ()
+) -> Iterator[tuple[str | None, str]]:
     """A private redis-server with the directives of ``conf``, as (URL, note).
+
+    ``wrapper``: a command line that runs the server (a profiler's); ``extra``:
+    directives after the shipped ones.
 
     Started from PATH on a free loopback port, in a temporary directory, and
     stopped (the directory removed) on exit. ``appendonly`` and
@@ -1313,6 +1318,7 @@ def private_redis(conf: Path) -> Iterator[tuple[str | None, str]]:
             "\n".join(
                 [
                     *directives,
+                    *extra,
                     f"port {port}",
                     "bind 127.0.0.1",
                     f'dir "{directory}"',
@@ -1323,7 +1329,10 @@ def private_redis(conf: Path) -> Iterator[tuple[str | None, str]]:
             + "\n"
         )
         process = start_server(
-            [binary, str(path)], answers=lambda: pings(port), log=Path(directory, "redis.log")
+            [*wrapper, binary, str(path)],
+            answers=lambda: pings(port),
+            log=Path(directory, "redis.log"),
+            timeout=120.0 if wrapper else 10.0,  # a profiled server starts slowly
         )
         try:
             note = f"private redis-server {found[0][2:]} with {conf.parent.name}/{conf.name}, "

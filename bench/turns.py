@@ -39,6 +39,14 @@ It runs twice: with messages of 1,024 bytes of text, the issue's own setup
 messages hold less than the budget's view.
 
 It prints the tables and writes ``bench/results/turns.json``.
+
+``--instructions`` (``make bench-instructions``, needs valgrind) runs the
+1,024-byte per-operation table on a redis-server under callgrind and counts
+the instructions it runs for its clients (reading and running their
+commands, writing the replies; not its timer), on 4 sessions: exact and
+repeatable where ``INFO cpu`` here moves by up to 2x between runs, but user
+space only, so a plain ``XADD``'s system calls, most of its ``INFO cpu``, are
+not in it. It writes ``bench/results/turns_instructions.json``.
 """
 
 from __future__ import annotations
@@ -48,7 +56,11 @@ import asyncio
 import itertools
 import json
 import random
+import re
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +73,7 @@ from bench.bench import SHIPPED_CONF, conversation, private_redis, tool_exchange
 from ctxstore import ContextStore, Settings, TiktokenCounter, count_message
 
 RESULTS = Path(__file__).resolve().parent / "results" / "turns.json"
+INSTRUCTION_RESULTS = RESULTS.with_name("turns_instructions.json")
 BUDGET = 8_000
 SIZE = 400
 """Bytes of text per message of the turn workloads (the tool results and prose of bench.bench)."""
@@ -81,16 +94,19 @@ class Block:
     out_bytes: int = 0
     turns: int = 0
     probes: int = 0  # pairs of INFO probes around its phases
+    instructions: int = 0  # the server's, when it runs under callgrind
 
     def less_probes(self, idle: Block) -> Block:
         """This block without its probes' own cost, as measured around phases that do nothing."""
         if not idle.probes:
             return self
+        share = self.probes / idle.probes
         return Block(
             self.seconds,
-            max(0.0, self.cpu_s - self.probes * idle.cpu_s / idle.probes),
-            max(0, self.out_bytes - round(self.probes * idle.out_bytes / idle.probes)),
+            max(0.0, self.cpu_s - share * idle.cpu_s),
+            max(0, self.out_bytes - round(share * idle.out_bytes)),
             self.turns,
+            instructions=max(0, self.instructions - round(share * idle.instructions)),
         )
 
     def row(self) -> dict[str, float]:
@@ -99,7 +115,49 @@ class Block:
             "client_ms_p50": statistics.median(self.seconds) * 1000,
             "redis_cpu_us": self.cpu_s / self.turns * 1e6,
             "redis_out_kb": self.out_bytes / self.turns / 1024,
+            "redis_kinstr": self.instructions / self.turns / 1000,
         }
+
+
+class Instructions:
+    """Counts the instructions a redis-server under callgrind runs, phase by phase.
+
+    ``INFO cpu`` moves by up to 2x between runs on a shared machine, more than
+    most changes to a script; callgrind's count of the server's own
+    instructions (user space only: no system calls, no network) is exact and
+    repeatable, so a change of a few percent shows. The server runs with
+    instrumentation off until :meth:`start` (filling the sessions runs at
+    valgrind's plain speed).
+    """
+
+    def __init__(self, pid: int, out: Path) -> None:
+        self._pid = str(pid)
+        self._out = out  # callgrind writes each dump to <out>.<n>
+
+    def _control(self, *flags: str) -> None:
+        subprocess.run(["callgrind_control", *flags, self._pid], check=True, capture_output=True)
+
+    def start(self) -> None:
+        """Instrument from now on."""
+        self._control("--instr=on")
+
+    def zero(self) -> None:
+        """Count from zero."""
+        self._control("--zero")
+
+    def total(self) -> int:
+        """The instructions since :meth:`zero` (each dump file is read, then removed)."""
+        self._control("--dump")
+        dumps = sorted(
+            self._out.parent.glob(self._out.name + ".*"), key=lambda p: int(p.suffix[1:])
+        )
+        text = dumps[-1].read_text()
+        for dump in dumps:
+            dump.unlink()
+        found = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
+        if found is None:
+            raise RuntimeError(f"no instruction total in callgrind's dump {dumps[-1]}")
+        return int(found[1])
 
 
 async def server_counters(raw: Redis) -> tuple[float, int]:
@@ -230,14 +288,22 @@ async def nothing(session: str) -> None:
 
 
 async def phase(
-    raw: Redis, sessions: Sequence[str], operation: Callable[[str], Any], block: Block
+    raw: Redis,
+    sessions: Sequence[str],
+    operation: Callable[[str], Any],
+    block: Block,
+    meter: Instructions | None = None,
 ) -> None:
     """Run ``operation`` once per session, adding its cost to ``block``."""
     cpu0, out0 = await server_counters(raw)
+    if meter is not None:
+        meter.zero()
     for session in sessions:
         started = time.perf_counter()
         await operation(session)
         block.seconds.append(time.perf_counter() - started)
+    if meter is not None:
+        block.instructions += meter.total()
     cpu1, out1 = await server_counters(raw)
     block.cpu_s += cpu1 - cpu0
     block.out_bytes += out1 - out0
@@ -246,14 +312,24 @@ async def phase(
 
 
 async def operations(
-    url: str, length: int, sessions: int, rounds: int, size: int
+    url: str,
+    length: int,
+    sessions: int,
+    rounds: int,
+    size: int,
+    meter: Instructions | None = None,
+    **settings: Any,
 ) -> list[dict[str, Any]]:
     """Per operation: append one message, a cold view, a hot view (after one new message).
 
     ``size``: the bytes of text of each message (history and appends).
+    ``meter``: counts the server's instructions in each phase (from after the fill).
+    ``settings``: the stores' settings besides the defaults.
     """
     counter = TiktokenCounter()
-    base = Settings(redis_url=url, key_prefix=f"ops{size}", queue_name=f"ops{size}:summaries")
+    base = Settings(
+        redis_url=url, key_prefix=f"ops{size}", queue_name=f"ops{size}:summaries", **settings
+    )
     cold_settings = base.model_copy(update={"view_cache_bytes": 0})
     raw = Redis.from_url(url)
     numbers = itertools.count()
@@ -276,16 +352,18 @@ async def operations(
             n = next(numbers)
             return [{"role": "user", "content": f"question {n}: " + "x" * (size - 20)}]
 
+        if meter is not None:
+            meter.start()
         for _ in range(rounds):
             for label, side, cold_side in (("plain", plain, plain), ("ctxstore", ctx, ctx_cold)):
 
                 async def add(session: str, side: Plain | Ctx = side) -> None:
                     await side.append(session, user_turn())
 
-                await phase(raw, names, add, blocks[(label, "append")])
-                await phase(raw, names, side.view, blocks[(label, "hot view")])
-                await phase(raw, names, cold_side.view, blocks[(label, "cold view")])
-                await phase(raw, names, nothing, idle)
+                await phase(raw, names, add, blocks[(label, "append")], meter)
+                await phase(raw, names, side.view, blocks[(label, "hot view")], meter)
+                await phase(raw, names, cold_side.view, blocks[(label, "cold view")], meter)
+                await phase(raw, names, nothing, idle, meter)
     await raw.aclose()
     print(
         f"INFO probes ({size:,} B): {idle.cpu_s / idle.turns * 1e6:.1f} us of Redis CPU and "
@@ -378,12 +456,68 @@ async def main_async(quick: bool) -> None:
     print(f"\nwritten to {RESULTS}")
 
 
+INSTRUCTION_SESSIONS = 4
+"""Sessions of the instruction count: it is exact, so a few suffice (filling is slow)."""
+
+
+async def count_instructions(quick: bool) -> None:
+    """The per-operation table in the server's instructions, under callgrind."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("the instruction count needs valgrind (callgrind) on PATH")
+    with tempfile.TemporaryDirectory(prefix="ctxbench-callgrind-") as directory:
+        out = Path(directory) / "callgrind.out"
+        # Counted: what the server does for its clients (reading and running their
+        # commands, writing the replies), not its timer (expiry, stats, rehashing),
+        # whose share of a phase would follow valgrind's slowness, not the phase.
+        wrapper = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            "--collect-atstart=no",
+            "--toggle-collect=readQueryFromClient",
+            "--toggle-collect=writeToClient",
+            f"--callgrind-out-file={out}",
+        ]
+        with private_redis(SHIPPED_CONF, wrapper=wrapper) as (url, note):
+            if url is None:
+                raise SystemExit(f"the instruction count needs a private Redis 7: {note}")
+            raw = Redis.from_url(url)
+            pid = int((await raw.info("server"))["process_id"])
+            await raw.aclose()
+            meter = Instructions(pid, out)
+            # The activity index is refreshed at most once a second per session and
+            # process: under valgrind's slowness every append would pay for it.
+            rows = await operations(
+                url,
+                OPS_LENGTH,
+                INSTRUCTION_SESSIONS,
+                2 if quick else 10,
+                OPS_SIZES[0],
+                meter,
+                index_interval=3600.0,
+            )
+    title = f"per op ({OPS_LENGTH:,} x {OPS_SIZES[0]:,} B)"
+    print(f"\n{title:<28}{'redis-server instructions (thousands)':>40}")
+    print(f"{'':<28}{'plain':>12}{'ctx':>12}{'ratio':>12}")
+    for row in rows:
+        plain, ctx = row["plain"]["redis_kinstr"], row["ctxstore"]["redis_kinstr"]
+        print(f"{row['operation']:<28}{plain:>12.1f}{ctx:>12.1f}{ctx / plain:>11.2f}x")
+    INSTRUCTION_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    INSTRUCTION_RESULTS.write_text(json.dumps({"operations": rows}, indent=2) + "\n")
+    print(f"\nwritten to {INSTRUCTION_RESULTS}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the turn benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer turns: a smoke run")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="the per-operation table in redis-server instructions, under callgrind",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(main_async(args.quick))
+    asyncio.run(count_instructions(args.quick) if args.instructions else main_async(args.quick))
 
 
 if __name__ == "__main__":
