@@ -32,6 +32,7 @@ import workers.worker
 from ctxstore import (
     ContextStore,
     Settings,
+    StoreUnavailableError,
     SummarizerError,
     SummarizerUnavailableError,
 )
@@ -266,15 +267,19 @@ async def test_a_view_right_after_a_commit_queues_no_new_job(
 # -- faults ----------------------------------------------------------------------
 
 
+async def gated_job(store: ContextStore) -> tuple[int, asyncio.Event, FakeSummarizer]:
+    """Session "s" made due: its generation, and a summarizer that waits for the gate."""
+    await store.append("s", SYSTEM)
+    await append_until_due(store, "s")
+    gate = asyncio.Event()
+    return (await store.info("s")).summary_generation, gate, FakeSummarizer(gate=gate)
+
+
 async def test_a_replace_during_the_job_refuses_its_commit(
     store: ContextStore, queue: SummaryQueue, tenant: str
 ) -> None:
     """A replace while the summarizer runs: its commit is refused; views truncate."""
-    await store.append("s", SYSTEM)
-    await append_until_due(store, "s")
-    gen = (await store.info("s")).summary_generation
-    gate = asyncio.Event()
-    fake = FakeSummarizer(gate=gate)
+    gen, gate, fake = await gated_job(store)
     running = asyncio.create_task(run_burst(store.settings, fake, keep_result=KEPT))
     try:
         await asyncio.wait_for(fake.started.wait(), 10)
@@ -475,6 +480,52 @@ async def test_an_unavailable_summarizer_is_retried_until_it_commits(
     assert info.summary_error is None  # and cleared by the commit
     assert info.summary_covers == covers
     await assert_summarized_view(store, "s", covers)
+
+
+async def test_a_commit_whose_next_job_cannot_be_queued_succeeds_and_the_sweep_queues_it(
+    store: ContextStore,
+    queue: SummaryQueue,
+    tenant: str,
+    raw_redis: Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The summary is committed: a queue that then fails costs a delay, not a failed job."""
+    gen, gate, fake = await gated_job(store)
+    worker = build_worker(store.settings, summarizer=fake, burst=True, keep_result=KEPT)
+    running = asyncio.create_task(worker.main())
+    try:
+        await asyncio.wait_for(fake.started.wait(), 10)
+        # More than the trigger arrives mid-job: the commit hands out the next generation.
+        for i in range(100, 111):
+            await store.append("s", turn(i))
+
+        async def unreachable(self: SummaryQueue, *args: object) -> bool:
+            raise StoreUnavailableError("the queue did not answer")
+
+        monkeypatch.setattr(SummaryQueue, "enqueue", unreachable)
+        gate.set()
+        await asyncio.wait_for(running, 30)
+    finally:
+        gate.set()
+        await close_worker(worker)
+    monkeypatch.undo()
+
+    assert (worker.jobs_complete, worker.jobs_failed) == (1, 0)
+    result = await result_of(queue, tenant, "s", gen)
+    assert result.success and result.result["status"] == "committed"
+    following = result.result["next_generation"]
+    assert following
+    assert "next summary job not queued" in caplog.text
+    info = await store.info("s")
+    assert info.summary_due and info.summary_generation == following
+    assert await queue.depth() == 0
+    # Past its grace, the sweep queues the generation the commit handed out.
+    an_hour_ago = int(time.time() * 1000) - 3_600_000
+    await raw_redis.hset(store.keys("s").meta, "sq_at", an_hour_ago)
+    report = await sweep(store, queue)
+    assert report.queued == 1
+    assert await queue.depth() == 1
 
 
 # -- the sweep and the health check ------------------------------------------------

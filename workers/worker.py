@@ -328,10 +328,26 @@ async def _summarize(
         raise
     job.done(outcome)
     if outcome.next_generation:
-        await ctx["queue"].enqueue(tenant, session, outcome.next_generation)
+        await _queue_next(ctx, tenant, session, outcome.next_generation, job)
     if store.settings.search_index:
         await _index(store, session, job)
     return {"tenant": tenant, "session": session, "generation": generation, **asdict(outcome)}
+
+
+async def _queue_next(
+    ctx: dict[str, Any], tenant: str, session: str, generation: int, job: _JobLog
+) -> None:
+    """Queue the job the commit handed out; a failure is logged, never the committed job's.
+
+    The session's flag stays up with that generation, so the sweep queues it
+    once its grace is over: a queue that did not answer costs a delay, not a
+    summary, and never turns a committed job into a failed one.
+    """
+    try:
+        await ctx["queue"].enqueue(tenant, session, generation)
+    except CtxstoreError as exc:
+        fields = {**job.fields("done"), "event": "enqueue", "next_generation": generation}
+        log.warning("next summary job not queued (the sweep will): %s", exc, extra=fields)
 
 
 async def _index(store: ContextStore, session: str, job: _JobLog) -> None:
