@@ -58,7 +58,7 @@ from ctxstore.settings import Settings
 from ctxstore.summary import Summaries
 from ctxstore.summary_queue import Handoff, SummaryDue
 from ctxstore.tenancy import Quotas, Ratios, TenantIndex, forget_tenant
-from ctxstore.tokens import TiktokenCounter, TokenCounter
+from ctxstore.tokens import TiktokenCounter, TokenCounter, checked
 from ctxstore.writes import Writer
 
 if TYPE_CHECKING:
@@ -118,7 +118,12 @@ class ContextStore:
         self.clock = clock
         self._connection = (_connection or Connection(client, settings)).for_tenant(tenant)
         self._scope = scope = Scope(
-            tenant, settings, self._connection, Codec(tenant, self.keyring), self.counter, clock
+            tenant,
+            settings,
+            self._connection,
+            Codec(tenant, self.keyring),
+            checked(self.counter),
+            clock,
         )
         self._handoff = _handoff or Handoff(settings, on_summary_due, scope.wall_ms)
         self._quotas = Quotas(scope)

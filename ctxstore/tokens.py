@@ -9,13 +9,16 @@ more, so budgets are converted with a per-family safety factor
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from typing import Any, Protocol
 
 import tiktoken
 
-__all__ = ["TiktokenCounter", "TokenCounter", "count_message", "safety_factor"]
+from ctxstore.errors import ConfigurationError
+
+__all__ = ["TiktokenCounter", "TokenCounter", "checked", "count_message", "safety_factor"]
 
 MESSAGE_OVERHEAD = 4
 """Tokens of framing per message (role, separators), as OpenAI's cookbook counts."""
@@ -37,6 +40,48 @@ class TokenCounter(Protocol):
     def count(self, text: str) -> int:
         """Return the number of tokens in ``text``."""
         ...
+
+
+def checked(counter: TokenCounter) -> TokenCounter:
+    """``counter``, its answers checked to be whole numbers of tokens (tiktoken's are).
+
+    Counts are stored, summed and compared as integers, in Redis as in the
+    views; a count the store cannot read back would make the session
+    unreadable. A counter that answers a whole number of another type (``7.0``
+    from an estimate done in floats, a numpy integer) is taken as that
+    integer; anything else is refused with :class:`ConfigurationError`
+    before anything is written.
+    """
+    return counter if type(counter) is TiktokenCounter else _Checked(counter)
+
+
+class _Checked:
+    """A caller's counter, whose every answer is checked (see :func:`checked`)."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.inner = counter
+
+    def count(self, text: str) -> int:
+        """The inner counter's count of ``text``, as an int."""
+        return _whole(self.inner.count(text), self.inner)
+
+
+def _whole(value: object, counter: object) -> int:
+    if type(value) is int and value >= 0:
+        return value
+    number: int | None = None
+    if not isinstance(value, bool):
+        try:
+            number = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            if isinstance(value, float) and value.is_integer():
+                number = int(value)
+    if number is None or number < 0:
+        raise ConfigurationError(
+            f"the token counter {type(counter).__name__} answered {value!r}: "
+            "a count of tokens is a whole number, 0 or more"
+        )
+    return number
 
 
 class TiktokenCounter:

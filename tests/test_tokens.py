@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from ctxstore import TiktokenCounter, count_message
+import pytest
+from helpers import an_call, an_result
+from redis.asyncio import Redis
+
+from ctxstore import ConfigurationError, ContextStore, Settings, TiktokenCounter, count_message
 from ctxstore.testing import WordCounter
-from ctxstore.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, PART_OVERHEAD, safety_factor
+from ctxstore.tokens import (
+    IMAGE_TOKENS,
+    MESSAGE_OVERHEAD,
+    PART_OVERHEAD,
+    checked,
+    safety_factor,
+)
 
 
 def test_tiktoken_counts_cl100k_offline() -> None:
@@ -71,3 +81,74 @@ def test_images_inside_a_tool_result_are_estimated_like_top_level_ones() -> None
     assert count_message(counter, result(image, text, image)) == without + 2 * IMAGE_TOKENS
     top = {"role": "user", "content": [image]}
     assert count_message(counter, result(image)) >= count_message(counter, top) - PART_OVERHEAD
+
+
+# -- a caller's counter ----------------------------------------------------------------
+# Counts are stored as integers. The append script once turned any count into a
+# Lua number; since it stores the count as sent, a counter answering 7.0 left
+# t=b"7.0" in the stream and the session unreadable (found by an attack).
+
+
+class FloatCounter:
+    """Counts words, as a float: a whole number of the wrong type."""
+
+    def count(self, text: str) -> float:
+        return float(len(text.split()))
+
+
+async def test_a_whole_float_token_count_is_stored_as_an_integer(
+    settings: Settings, tenant: str
+) -> None:
+    """Entries appended with a counter answering ``7.0`` read back, view, tail and fork."""
+    counter = FloatCounter()
+    async with ContextStore.from_settings(settings, tenant=tenant, counter=counter) as store:
+        messages = [
+            {"role": "system", "content": "be careful"},  # its keep copy carries the count too
+            {"role": "user", "content": "hello there"},
+            an_call("c1"),  # an entry with call ids: the table path of the script
+            an_result("c1", text="done"),
+        ]
+        for message in messages:
+            await store.append("s", message)
+        assert await store.get_messages("s") == messages
+        tail = await store.tail("s", 10)
+        assert all(type(m.tokens) is int for m in tail)
+        info = await store.info("s")
+        assert info.tokens == sum(m.tokens for m in tail)
+        view = await store.view("s", token_budget=2_000)
+        assert view.messages == messages
+        forked = await store.fork("s", "s-fork")
+        assert forked.count == len(messages)
+
+
+class Answers:
+    """A counter that answers one fixed value, whatever the text."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def count(self, text: str) -> object:
+        return self.value
+
+
+def test_a_whole_number_of_another_type_is_taken_as_an_int() -> None:
+    assert checked(Answers(7.0)).count("x") == 7  # type: ignore[arg-type]
+    assert type(checked(Answers(7.0)).count("x")) is int  # type: ignore[arg-type]
+    assert checked(Answers(0)).count("x") == 0  # type: ignore[arg-type]
+    tiktoken_counter = TiktokenCounter()
+    assert checked(tiktoken_counter) is tiktoken_counter  # trusted: no extra call
+
+
+@pytest.mark.parametrize("value", [7.5, -1, -2.0, "7", True, None, float("nan"), float("inf")])
+async def test_a_count_that_is_not_a_whole_number_is_refused_before_anything_is_written(
+    settings: Settings, tenant: str, raw_redis: Redis, value: object
+) -> None:
+    counter = Answers(value)
+    async with ContextStore.from_settings(
+        settings,
+        tenant=tenant,
+        counter=counter,  # type: ignore[arg-type]
+    ) as store:
+        with pytest.raises(ConfigurationError, match="whole number"):
+            await store.append("s", {"role": "user", "content": "hello"})
+        assert await raw_redis.exists(*store.keys("s").all()) == 0
