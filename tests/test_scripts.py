@@ -237,6 +237,11 @@ def test_each_script_carries_every_shared_function_it_calls_and_no_other() -> No
 
     names = [name.decode() for name, _ in _definitions(_LIB)]
     assert len(names) == len(set(names)) > 20
+    # Every top-level line is a comment, the end of a function, or a definition of one
+    # name (what _definitions finds): a `local a, b = ...` would hide `b` from it.
+    for line in _LIB.decode().splitlines():
+        if line and not line[0].isspace() and not line.startswith(("--", "end")):
+            assert re.match(r"local (function \w+\(|\w+ = )", line), line
     order = {name: i for i, name in enumerate(names)}
     for script in NAMES:
         source = getattr(SCRIPTS, script).source.decode()
