@@ -18,6 +18,7 @@ so the same code runs on one Redis and on Redis Cluster.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import random
@@ -124,6 +125,12 @@ class _Pool(rconn.BlockingConnectionPool):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._clean: weakref.WeakSet[Any] = weakref.WeakSet()
+        # take_idle works on redis-py's (and asyncio's) internals: without them, it never does.
+        self._internals = (
+            isinstance(getattr(self, "_available_connections", None), list)
+            and isinstance(getattr(self, "_in_use_connections", None), set)
+            and isinstance(getattr(self._condition, "_waiters", None), collections.deque)
+        )
 
     def mark_clean(self, connection: Any) -> None:
         """``connection`` was given back with every reply read."""
@@ -138,9 +145,9 @@ class _Pool(rconn.BlockingConnectionPool):
         one (a waiter goes first: this path is taken only while none waits).
         Whatever this declines goes the usual way.
         """
-        if not self._available_connections or self._condition.locked():
+        if not self._internals or not self._available_connections or self._condition.locked():
             return None
-        if getattr(self._condition, "_waiters", True):  # unknown: do as redis-py does
+        if self._condition._waiters:
             return None
         connection = self._available_connections[-1]  # the one redis-py would hand out
         if connection not in self._clean or not connection.is_connected or not _quiet(connection):

@@ -187,3 +187,28 @@ async def test_a_waiting_caller_gets_a_freed_connection_before_the_fast_hand_out
         assert await pool.get_connection() is held  # checked, then handed out
     finally:
         await pool.disconnect()
+
+
+async def test_without_the_internals_it_relies_on_the_pool_hands_out_the_usual_way(
+    private: PrivateRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redis-py or asyncio whose pool or condition is built otherwise: no fast hand-out."""
+
+    class Condition(asyncio.Condition):
+        """A condition keeping its waiters in some other way."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._waiters = list(self._waiters)  # type: ignore[assignment]
+
+    monkeypatch.setattr(rconn.asyncio, "Condition", Condition)
+    pool = _Pool.from_url(private.url(), max_connections=2, timeout=5)
+    try:
+        connection = await pool.get_connection()
+        pool.mark_clean(connection)
+        await pool.release(connection)
+        assert pool.take_idle() is None
+        assert await pool.get_connection() is connection  # the usual way still works
+        await pool.release(connection)
+    finally:
+        await pool.disconnect()
