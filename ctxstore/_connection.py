@@ -150,7 +150,7 @@ class _Pool(rconn.BlockingConnectionPool):
         if self._condition._waiters:
             return None
         connection = self._available_connections[-1]  # the one redis-py would hand out
-        if connection not in self._clean or not connection.is_connected or not _quiet(connection):
+        if not self._still_clean(connection):
             return None
         self._available_connections.pop()
         self._in_use_connections.add(connection)
@@ -158,11 +158,14 @@ class _Pool(rconn.BlockingConnectionPool):
         return connection
 
     async def ensure_connection(self, connection: Any) -> None:
-        if connection in self._clean:
-            self._clean.discard(connection)
-            if connection.is_connected and _quiet(connection):
-                return
-        await super().ensure_connection(connection)
+        clean = self._still_clean(connection)
+        self._clean.discard(connection)  # a mark is good for one hand-out
+        if not clean:
+            await super().ensure_connection(connection)
+
+    def _still_clean(self, connection: Any) -> bool:
+        """Given back clean, still connected, and nothing arrived on it since."""
+        return connection in self._clean and connection.is_connected and _quiet(connection)
 
 
 def _quiet(connection: Any) -> bool:
