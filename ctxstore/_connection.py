@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from redis import exceptions as rex
+from redis._parsers import hiredis as _hiredis_parser
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as rconn
 
@@ -179,6 +180,49 @@ def _quiet(connection: Any) -> bool:
         return False
     buffered = getattr(reader, "_buffer", None)  # CPython's; without it, check as before
     return buffered is not None and not buffered and not reader.at_eof() and not reader.exception()
+
+
+_HIREDIS_PARSER = _hiredis_parser._AsyncHiredisParser
+_NOT_ENOUGH_DATA = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
+"""What redis-py's hiredis reader answers for a reply not whole yet (``False`` before 5.3)."""
+
+
+async def _read_replies(conn: Any, n: int) -> list[Any]:
+    """The next ``n`` replies on ``conn``, raw; an error reply as its exception object.
+
+    With hiredis, straight from its reader: redis-py's ``read_response`` costs
+    some 4 us a reply around it (a warm view reads three). A reply that
+    redis-py raises as a connection error (``LOADING``, a protocol error) is
+    raised here too.
+    """
+    parser = getattr(conn, "_parser", None)
+    lean = type(parser) is _HIREDIS_PARSER and getattr(parser, "_connected", False)
+    # redis-py's own, if its internals are not as read here, or a socket timeout is set.
+    reader: Any = getattr(parser, "_reader", None) if lean else None
+    stream = getattr(parser, "_stream", None) if lean else None
+    size = getattr(parser, "_read_size", 0) if lean else 0
+    replies: list[Any] = []
+    if reader is None or not isinstance(stream, asyncio.StreamReader) or conn.socket_timeout:
+        for _ in range(n):
+            try:
+                replies.append(await conn.read_response(disable_decoding=True))
+            except rex.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    while len(replies) < n:
+        reply = reader.gets(False)
+        if reply is _NOT_ENOUGH_DATA:  # not a whole reply yet
+            data = await stream.read(size)
+            if not data:
+                raise rex.ConnectionError("the server closed the connection")
+            reader.feed(data)
+            continue
+        if isinstance(reply, rex.ConnectionError):
+            raise reply
+        if isinstance(reply, list) and reply and isinstance(reply[0], rex.ConnectionError):
+            raise reply[0]
+        replies.append(reply)
+    return replies
 
 
 _NAMED = inspect.signature(rconn.ConnectionPool.get_connection).parameters.get("command_name")
@@ -404,12 +448,7 @@ class Connection:
         conn, release = await self._acquire(key)
         try:
             await conn.send_packed_command(_pack(conn, commands), check_health=False)
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(await conn.read_response(disable_decoding=True))
-                except rex.ResponseError as exc:
-                    replies.append(exc)
+            replies = await _read_replies(conn, len(commands))
         except BaseException:
             # A half-read reply must never reach the next user of this connection.
             await conn.disconnect()

@@ -104,18 +104,15 @@ class Viewer:
         self._counts: Memo[tuple[str, int], int] = Memo()  # entries the last view read
         self._starts: Memo[tuple[str, int], str] = Memo()  # where the last view started
         self._sizes: Memo[bytes, int] = Memo()  # a message's digest -> its tokens as sent
-
-    @property
-    def shape(self) -> Shape:
-        """The view's shape, from the settings."""
-        s = self._scope.settings
-        return Shape(
+        s = scope.settings  # frozen: the shape is the same for every view
+        self.shape = Shape(
             s.view_low_water,
             s.view_summary_share,
             s.view_full_share,
             s.view_step_calls,
             min(s.view_low_water_floor, s.view_low_water),
         )
+        """The view's shape, from the settings."""
 
     async def view(self, session: str, budget: Budget) -> tuple[RequestView, Snapshot]:
         """The request view for ``budget``, and the snapshot it was planned from.

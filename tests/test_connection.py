@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import pytest
+from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio import connection as rconn
 from servers import PrivateRedis, any_redis_binary, redis7_binary
 
-from ctxstore import ContextStore, Settings
+from ctxstore import ContextStore, Settings, _connection
 from ctxstore._connection import _Pool
 
 
@@ -139,16 +141,16 @@ async def test_a_call_cancelled_mid_reply_never_hands_its_reply_to_the_next(
     """A cancelled call's connection is closed, not marked clean: the next call reads its own."""
     settings = Settings(redis_url=private.url(), retry_attempts=0)
     waiting = asyncio.Event()
-    original = rconn.Connection.read_response
+    original = rconn.Connection.send_packed_command
 
-    async def read_response(self: Any, *args: Any, **kwargs: Any) -> Any:
+    async def send_packed_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        await original(self, *args, **kwargs)
         waiting.set()  # the command is sent; its reply is awaited
-        return await original(self, *args, **kwargs)
 
     async with ContextStore.from_settings(settings, tenant=tenant) as store:
         await store.append("a", {"role": "user", "content": "in a"})
         await store.append("b", {"role": "user", "content": "in b"})
-        monkeypatch.setattr(rconn.Connection, "read_response", read_response)
+        monkeypatch.setattr(rconn.Connection, "send_packed_command", send_packed_command)
         private.pause()  # the next call's command is sent, its reply never comes
         try:
             pending = asyncio.create_task(store.get_messages("a"))
@@ -212,3 +214,38 @@ async def test_without_the_internals_it_relies_on_the_pool_hands_out_the_usual_w
         await pool.release(connection)
     finally:
         await pool.disconnect()
+
+
+async def test_replies_come_whole_and_in_order_with_error_replies_as_objects(
+    private: PrivateRedis, tenant: str
+) -> None:
+    """Replies read past redis-py's read_response: one over many socket reads, errors in place."""
+    settings = Settings(redis_url=private.url(), retry_attempts=0)
+    big = b"x" * 300_000  # several reads of the socket
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        replies = await store._connection.node_call(
+            "k", [("SET", "k", big), ("GET", "k"), ("INCR", "k"), ("PING",), ("STRLEN", "k")]
+        )
+        assert replies[:2] == [b"OK", big]
+        assert isinstance(replies[2], rex.ResponseError) and "not an integer" in str(replies[2])
+        assert replies[3:] == [b"PONG", len(big)]
+        assert await store._connection.node_call("k", [("STRLEN", "k")]) == [len(big)]
+
+
+async def test_a_reply_redis_py_raises_as_a_connection_error_is_raised(
+    private: PrivateRedis, tenant: str
+) -> None:
+    """A server loading its data answers -LOADING: raised as redis-py raises it, to be retried."""
+    if not isinstance(getattr(_connection, "hiredis", None), ModuleType):
+        pytest.skip("the replies are read by redis-py itself without hiredis")
+    settings = Settings(redis_url=private.url(), retry_attempts=0)
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        await store.append("s", {"role": "user", "content": "one"})
+        pool = store._connection.client.connection_pool
+        (idle,) = pool._available_connections
+        idle._parser._reader.feed(b"-LOADING Redis is loading the dataset in memory\r\n")
+        with pytest.raises(rex.BusyLoadingError):
+            await _connection._read_replies(idle, 1)
+        idle._parser._reader.feed(b"*2\r\n-LOADING Redis is loading\r\n+OK\r\n")
+        with pytest.raises(rex.BusyLoadingError):
+            await _connection._read_replies(idle, 1)

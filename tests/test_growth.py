@@ -18,7 +18,7 @@ from test_policies import Scenario, scenarios
 
 from ctxstore import count_message
 from ctxstore._codec import Entry
-from ctxstore._growth import grow
+from ctxstore._growth import _again, grow
 from ctxstore.testing import WordCounter
 from ctxstore.view import Anchor, Shape, SummaryLevel, ViewPlan, plan_anchored
 
@@ -92,6 +92,31 @@ def test_a_full_view_is_planned_again() -> None:
     assert held is not None
     new = [Entry.of(eid(5), user("one more"), 10)]
     assert grow(held, [*old, *new], new, 55, anchor=None, complete=True, shape=SHAPE) is None
+
+
+def test_a_plan_grown_by_nothing_carries_every_field() -> None:
+    """``_again`` names each field of ViewPlan: one added later and left out there fails here."""
+    held = ViewPlan(
+        messages=[user("a")],
+        tokens=7,
+        kept_ids=[eid(0)],
+        dropped=3,
+        offloaded=[eid(1)],
+        repairs=["dropped unanswered call c1"],
+        over_budget=True,
+        summary_used=True,
+        summary_covers=eid(2),
+        protected_tokens=5,
+        growth=None,
+        nested=frozenset({0}),
+    )
+    for f in dataclasses.fields(ViewPlan):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        if f.name != "growth":
+            assert getattr(held, f.name) != default, f"give {f.name} a value above"
+    again = _again(held, held.tokens, held.growth)
+    assert dataclasses.asdict(again) == dataclasses.asdict(held)
+    assert again.messages is not held.messages and again.kept_ids is not held.kept_ids
 
 
 def appended(draw: st.DrawFn, after: str, count: int) -> list[Entry]:
