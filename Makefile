@@ -43,13 +43,15 @@ typecheck: $(STAMP)
 
 check: lint typecheck test
 
+# Every benchmark runs, whatever an earlier one found; the run fails at the end if one did.
+BENCHES := bench metrics_bench turns search_bench fork_bench archive_bench
+
 bench: $(STAMP)
-	$(BIN)/python -m bench.bench
-	$(BIN)/python -m bench.metrics_bench
-	$(BIN)/python -m bench.turns
-	$(BIN)/python -m bench.search_bench
-	$(BIN)/python -m bench.fork_bench
-	$(BIN)/python -m bench.archive_bench
+	@failed=""; for name in $(BENCHES); do \
+		echo "$(BIN)/python -m bench.$$name"; \
+		$(BIN)/python -m bench.$$name || failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi
 
 # The turn benchmark's per-operation table in redis-server instructions (needs valgrind):
 # exact where INFO cpu moves 2x between runs.
