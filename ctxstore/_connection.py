@@ -184,7 +184,7 @@ def _quiet(connection: Any) -> bool:
 
 _HIREDIS_PARSER = _hiredis_parser._AsyncHiredisParser
 _NOT_ENOUGH_DATA = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
-"""What redis-py's hiredis reader answers for a reply not whole yet (``False`` before 5.3)."""
+"""What redis-py's hiredis reader answers for a reply not whole yet (``False`` in old ones)."""
 
 
 async def _read_replies(conn: Any, n: int) -> list[Any]:
@@ -193,10 +193,16 @@ async def _read_replies(conn: Any, n: int) -> list[Any]:
     With hiredis, straight from its reader: redis-py's ``read_response`` costs
     some 4 us a reply around it (a warm view reads three). A reply that
     redis-py raises as a connection error (``LOADING``, a protocol error) is
-    raised here too.
+    raised here too. Only on RESP2, which never sends a frame unasked: on RESP3
+    the server may push one (an invalidation) between replies, which
+    redis-py's own reading skips.
     """
     parser = getattr(conn, "_parser", None)
-    lean = type(parser) is _HIREDIS_PARSER and getattr(parser, "_connected", False)
+    lean = (
+        type(parser) is _HIREDIS_PARSER
+        and getattr(parser, "_connected", False)
+        and getattr(conn, "protocol", None) in (2, "2")  # RESP3 may push frames between replies
+    )
     # redis-py's own, if its internals are not as read here, or a socket timeout is set.
     reader: Any = getattr(parser, "_reader", None) if lean else None
     stream = getattr(parser, "_stream", None) if lean else None
@@ -212,7 +218,10 @@ async def _read_replies(conn: Any, n: int) -> list[Any]:
     while len(replies) < n:
         reply = reader.gets(False)
         if reply is _NOT_ENOUGH_DATA:  # not a whole reply yet
-            data = await stream.read(size)
+            try:
+                data = await stream.read(size)
+            except OSError as exc:  # as redis-py says it: a connection error, retried
+                raise rex.ConnectionError(f"error while reading from Redis: {exc!r}") from exc
             if not data:
                 raise rex.ConnectionError("the server closed the connection")
             reader.feed(data)

@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import (
     AliasChoices,
@@ -296,6 +296,17 @@ class Settings(BaseSettings):
     @classmethod
     def _check_tenant(cls, value: str) -> str:
         return validate_id(value, "tenant")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        # redis-py lets a URL's options override the client's: the store reads RESP2 replies.
+        protocol = parse_qs(urlsplit(value).query).get("protocol") if value else None
+        if protocol and protocol != ["2"]:
+            raise ConfigurationError(
+                "the store speaks RESP2: drop protocol= from the URL (or make it 2)"
+            )
+        return value
 
     @field_validator("queue_url")
     @classmethod

@@ -23,6 +23,7 @@ from servers import PrivateRedis, any_redis_binary, redis7_binary
 
 from ctxstore import ContextStore, Settings, _connection
 from ctxstore._connection import _Pool
+from ctxstore.errors import ConfigurationError
 
 
 @pytest.fixture
@@ -249,3 +250,34 @@ async def test_a_reply_redis_py_raises_as_a_connection_error_is_raised(
         idle._parser._reader.feed(b"*2\r\n-LOADING Redis is loading\r\n+OK\r\n")
         with pytest.raises(rex.BusyLoadingError):
             await _connection._read_replies(idle, 1)
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_replies_past_redis_py_only_on_resp2(private: PrivateRedis, protocol: int) -> None:
+    """RESP3 may push a frame between replies, which only redis-py's own reading skips."""
+    if not isinstance(getattr(_connection, "hiredis", None), ModuleType):
+        pytest.skip("the replies are read by redis-py itself without hiredis")
+    client = Redis.from_url(private.url(), protocol=protocol)
+    try:
+        conn = await client.connection_pool.get_connection()
+        asked: list[int] = []
+        original = conn.read_response
+
+        async def read_response(*args: Any, **kwargs: Any) -> Any:
+            asked.append(1)
+            return await original(*args, **kwargs)
+
+        conn.read_response = read_response
+        await conn.send_packed_command(_connection._pack(conn, [("PING",), ("ECHO", "x")]))
+        assert await _connection._read_replies(conn, 2) == [b"PONG", b"x"]
+        assert len(asked) == (2 if protocol == 3 else 0)
+        await client.connection_pool.release(conn)
+    finally:
+        await client.aclose()
+
+
+def test_a_redis_url_asking_for_resp3_is_refused() -> None:
+    """redis-py lets a URL's protocol= override the store's RESP2 client: refused up front."""
+    with pytest.raises(ConfigurationError, match="RESP2"):
+        Settings(redis_url="redis://127.0.0.1:6379/0?protocol=3")
+    assert Settings(redis_url="redis://127.0.0.1:6379/0?protocol=2").redis_url
