@@ -41,7 +41,8 @@ class Settings(BaseSettings):
 
     Attributes:
         redis_url: The store's Redis. ``None``: the embedded Redis, whose
-            data lives under ``data_dir``.
+            data lives under ``data_dir``. The store reads RESP2 replies: a
+            ``protocol=`` other than 2 in it is refused.
         data_dir: Where the embedded Redis keeps its data; ``None``: the
             user's data directory (``~/.local/share/ctxstore`` on Linux).
         redis_cluster: ``redis_url`` names a node of a Redis Cluster.
