@@ -300,7 +300,7 @@ class Metrics:
         of(self.view_tokens).observe(stats.tokens)
         if stats.budget_cl100k > 0:
             of(self.view_fill).observe(stats.tokens / stats.budget_cl100k)
-        if stats.dropped:
+        if stats.dropped > 0:  # a counter refuses less than 0, and a view must not fail on it
             of(self.view_dropped).inc(stats.dropped)
         if stats.offloaded:
             of(self.view_offloaded).inc(len(stats.offloaded))

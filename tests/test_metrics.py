@@ -606,3 +606,20 @@ def test_every_operation_label_is_a_store_method() -> None:
     for operation in OPERATIONS:
         name = "append_many" if operation == "append" else operation
         assert callable(getattr(ContextStore, name)), operation
+
+
+def test_a_view_whose_stats_count_fewer_than_nothing_dropped_is_still_recorded() -> None:
+    """A negative ``dropped`` (seen in a race of forks, rewinds and pops) never fails the view.
+
+    prometheus_client refuses to decrease a counter; the view's metrics take the
+    rest of its stats and leave the dropped count as it was.
+    """
+    from ctxstore.metrics import Metrics
+    from ctxstore.models import ViewStats
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    stats = ViewStats(budget=400, budget_cl100k=400, tokens=300, dropped=-1)
+    metrics.record_view("t", stats)
+    assert registry.get_sample_value("ctxstore_view_dropped_messages_total") == 0
+    assert registry.get_sample_value("ctxstore_view_tokens_count") == 1
