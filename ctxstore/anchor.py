@@ -87,6 +87,7 @@ class Snapshot:
     held: ViewPlan | None = None  # a warm pod's last plan, on this same anchor
     new: list[Entry] = field(default_factory=list)  # what a warm read found after its copy
     held_size: int | None = None  # the bytes of that copy
+    last_id: bytes | None = None  # the newest entry when a cold read was made
 
 
 class Viewer:
@@ -346,7 +347,7 @@ class Viewer:
             count *= 2  # only a cap: the read stops at the last view's start
         meta, *keep, anchor, rows = await connection.transaction(
             [
-                ("HMGET", keys.meta, *_META),
+                ("HMGET", keys.meta, *_META, Meta.LAST_ID),
                 *([("HGETALL", keys.keep)] if held is None else []),
                 ("HMGET", keys.anchor, size, f"{size}:s"),
                 ("XREVRANGE", keys.log, "+", start or "-", "COUNT", count),
@@ -355,6 +356,7 @@ class Viewer:
             key=keys.log,
         )
         snap = self._counters(meta)
+        snap.last_id = meta[len(_META)] or None
         if held is None:
             snap.protected = sorted(
                 (codec.kept(session, text(k), v) for k, v in raw_pairs(keep[0])),
@@ -463,7 +465,12 @@ class Viewer:
         if snap.complete:
             return
         count = min(max(len(snap.tail), 8) * 2, 10_000)
-        low = "(" + snap.tail[0].entry_id if snap.tail else "+"
+        # Older than what was read; with nothing read yet, no newer than the log's end at
+        # the first read: an entry appended since is not in the counters that read took.
+        if snap.tail:
+            low = "(" + snap.tail[0].entry_id
+        else:
+            low = text(snap.last_id) if snap.last_id else "+"
         (epoch, base, chain), rows = await self._scope.connection.transaction(
             [
                 ("HMGET", keys.meta, Meta.EPOCH, Meta.BASE, Meta.CHAIN),

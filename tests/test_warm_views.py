@@ -356,3 +356,40 @@ async def test_a_write_between_the_warm_reads_commands_is_never_missed(
         assert landed == [point]  # the view read warm, and the write came where asked
         again = await c.view("s", token_budget=600)
         assert dumped(view) == dumped(again)
+
+
+async def test_an_append_between_a_cold_read_and_its_read_back_stays_out_of_that_view(
+    settings: Settings, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork freezes the older half of the log; popping the rest leaves the live log empty.
+
+    The first read then finds no entry there.
+
+    Reading back the older ones must not take an entry appended after that first read:
+    the view's counters are the first read's (found by a generated race of forks and
+    pops: a view whose dropped count was -1).
+    """
+    from ctxstore import anchor
+
+    small = settings.model_copy(update={"bridge_entries": 6, "bridge_tokens": 400})
+    async with pods(small, tenant) as (a, b, c):
+        await a.append_many("s", [turn(i) for i in range(12)])
+        await a.fork("s", "s-fork")  # freezes the source's older entries into a segment
+        for _ in range(6):  # and the live log's six are taken off: the history is the segment's
+            await a.pop("s")
+        original = anchor.Viewer._read_back
+        landed: list[str] = []
+
+        async def read_back(self: Any, *args: Any, **kwargs: Any) -> None:
+            if not landed:  # once, after the first read and before the read-back
+                landed.append((await b.append("s", user("late"))).entry_id)
+            await original(self, *args, **kwargs)
+
+        monkeypatch.setattr(anchor.Viewer, "_read_back", read_back)
+        view = await c.view("s", token_budget=100_000)
+        assert landed, "the view read back: the live log was empty at its first read"
+        assert view.stats.history_messages == 6 and view.stats.dropped == 0
+        assert [m["content"] for m in view.messages] == [turn(i)["content"] for i in range(6)]
+        monkeypatch.undo()
+        later = await c.view("s", token_budget=100_000)
+        assert later.stats.history_messages == 7 and later.messages[-1] == user("late")
