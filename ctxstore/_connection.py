@@ -187,34 +187,45 @@ _NOT_ENOUGH_DATA = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
 """What redis-py's hiredis reader answers for a reply not whole yet (``False`` in old ones)."""
 
 
+def _hiredis_reader(conn: Any) -> tuple[Any, asyncio.StreamReader, int] | None:
+    """``conn``'s hiredis reader, stream and read size, if its replies may be read past redis-py.
+
+    Only on RESP2, which never sends a frame unasked (on RESP3 the server may
+    push one between replies, which redis-py's own reading skips), with no
+    socket timeout, and with redis-py's internals as read here.
+    """
+    parser = getattr(conn, "_parser", None)
+    if (
+        type(parser) is not _HIREDIS_PARSER
+        or not getattr(parser, "_connected", False)
+        or getattr(conn, "protocol", None) not in (2, "2")
+        or conn.socket_timeout
+    ):
+        return None
+    reader, stream = getattr(parser, "_reader", None), getattr(parser, "_stream", None)
+    if reader is None or not isinstance(stream, asyncio.StreamReader):
+        return None
+    return reader, stream, getattr(parser, "_read_size", 65536)
+
+
 async def _read_replies(conn: Any, n: int) -> list[Any]:
     """The next ``n`` replies on ``conn``, raw; an error reply as its exception object.
 
-    With hiredis, straight from its reader: redis-py's ``read_response`` costs
-    some 4 us a reply around it (a warm view reads three). A reply that
-    redis-py raises as a connection error (``LOADING``, a protocol error) is
-    raised here too. Only on RESP2, which never sends a frame unasked: on RESP3
-    the server may push one (an invalidation) between replies, which
-    redis-py's own reading skips.
+    Straight from hiredis's reader where :func:`_hiredis_reader` allows it:
+    redis-py's ``read_response`` costs some 4 us a reply around it (a warm view
+    reads three). A reply that redis-py raises as a connection error
+    (``LOADING``, a protocol error) is raised here too.
     """
-    parser = getattr(conn, "_parser", None)
-    lean = (
-        type(parser) is _HIREDIS_PARSER
-        and getattr(parser, "_connected", False)
-        and getattr(conn, "protocol", None) in (2, "2")  # RESP3 may push frames between replies
-    )
-    # redis-py's own, if its internals are not as read here, or a socket timeout is set.
-    reader: Any = getattr(parser, "_reader", None) if lean else None
-    stream = getattr(parser, "_stream", None) if lean else None
-    size = getattr(parser, "_read_size", 0) if lean else 0
     replies: list[Any] = []
-    if reader is None or not isinstance(stream, asyncio.StreamReader) or conn.socket_timeout:
+    lean = _hiredis_reader(conn)
+    if lean is None:
         for _ in range(n):
             try:
                 replies.append(await conn.read_response(disable_decoding=True))
             except rex.ResponseError as exc:
                 replies.append(exc)
         return replies
+    reader, stream, size = lean
     while len(replies) < n:
         reply = reader.gets(False)
         if reply is _NOT_ENOUGH_DATA:  # not a whole reply yet
