@@ -422,7 +422,10 @@ async def _compact(settings: Settings, args: argparse.Namespace) -> int:
             await queue.aclose()
         tenant = store.tenant
     seconds = round(time.monotonic() - started, 3)
-    outcome = info.summary_last_outcome or "-"
+    # Another job of the session (queued by its appends) may end after the one that
+    # committed, with nothing left to do: the summary moved, and that is the outcome.
+    moved = info.summary_covers is not None and info.summary_covers != before.summary_covers
+    outcome = "committed" if moved else info.summary_last_outcome or "-"
     if args.json:
         emit_json(
             {
