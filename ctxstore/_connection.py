@@ -614,6 +614,7 @@ class Connection:
         session: str | None = None,
         replicas: int = 0,
         refused: Callable[[Any], bool] | None = None,
+        after: Sequence[tuple[Any, ...]] = (),
     ) -> Any:
         """Run a Lua script (by SHA, falling back to EVAL) with retries.
 
@@ -627,26 +628,35 @@ class Connection:
                 ``Settings.replica_ack_timeout_ms``.
             refused: Tells a reply that wrote nothing (a refusal), which no
                 replica needs to acknowledge.
+            after: Commands sent right after the script, in its round trip
+                (standalone Redis only: in a cluster they may belong to
+                another node), before ``WAIT``. Best effort: not atomic with
+                the script, and a refusal of one is logged, never raised: the
+                script has written by then.
 
         Raises:
             ReplicationError: Fewer replicas than asked acknowledged the write
                 in time (the write is on the primary: retrying is safe).
         """
-        wait = ("WAIT", replicas, self._settings.replica_ack_timeout_ms) if replicas else None
+        if after and self.cluster:
+            raise ValueError("commands after a script share its connection: standalone only")
+        wait = [("WAIT", replicas, self._settings.replica_ack_timeout_ms)] if replicas else []
         functions = self._settings.script_mode == "functions"
+        call = (
+            ("FCALL", script.function, len(keys), *keys, *args)
+            if functions
+            else ("EVALSHA", script.sha, len(keys), *keys, *args)
+        )
 
         async def op() -> Any:
-            commands: list[tuple[Any, ...]] = [
-                ("FCALL", script.function, len(keys), *keys, *args)
-                if functions
-                else ("EVALSHA", script.sha, len(keys), *keys, *args)
-            ]
-            if wait:
-                commands.append(wait)
-            replies = await self.node_call(keys[0], commands)
-            if isinstance(replies[0], rex.NoScriptError):
-                commands[0] = ("EVAL", script.source, len(keys), *keys, *args)
-                replies = await self.node_call(keys[0], commands)
+            replies = await self.node_call(keys[0], [call, *after, *wait])
+            for command, reply in zip(after, replies[1:], strict=False):
+                if isinstance(reply, Exception):
+                    log.warning("%s after %s refused: %s", command[0], script.name, reply)
+            if isinstance(replies[0], rex.NoScriptError):  # the commands after it did run
+                replies = await self.node_call(
+                    keys[0], [("EVAL", script.source, len(keys), *keys, *args), *wait]
+                )
             if (
                 functions
                 and isinstance(replies[0], rex.ResponseError)
@@ -659,14 +669,11 @@ class Connection:
             if isinstance(replies[0], Exception):
                 raise replies[0]
             unwritten = refused is not None and refused(replies[0])
-            if (
-                wait
-                and not unwritten
-                and (isinstance(replies[1], Exception) or int(replies[1]) < replicas)
-            ):
+            acked = replies[-1]
+            if wait and not unwritten and (isinstance(acked, Exception) or int(acked) < replicas):
                 raise ReplicationError(
-                    f"{replies[1]} of {replicas} replicas acknowledged the write in time",
-                    acknowledged=0 if isinstance(replies[1], Exception) else int(replies[1]),
+                    f"{acked} of {replicas} replicas acknowledged the write in time",
+                    acknowledged=0 if isinstance(acked, Exception) else int(acked),
                     tenant=self._tenant,
                     session=session,
                     key=keys[0],

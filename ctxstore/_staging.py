@@ -36,7 +36,7 @@ from ctxstore.lease import clock_arg
 from ctxstore.models import ImportResult
 from ctxstore.tenancy import Limits, quota_error
 from ctxstore.tokens import count_message
-from ctxstore.writes import Writer
+from ctxstore.writes import Commands, Writer
 
 __all__ = ["REASONING_TIE", "StagedSession"]
 
@@ -362,7 +362,7 @@ class StagedSession:
             *points,
         )
 
-        async def run(reservation: tuple[str, int]) -> Any:
+        async def run(reservation: tuple[str, int], after: Commands) -> Any:
             return await self.scope.connection.script(
                 SCRIPTS.import_commit,
                 (
@@ -373,6 +373,7 @@ class StagedSession:
                 session=self.target,
                 replicas=self.scope.settings.replica_acks,
                 refused=lambda reply: text(reply[0]) not in (Reply.OK, "unchanged"),
+                after=after,
             )
 
         reply = await self.writer.listed(self.target, self.limits, run)

@@ -52,7 +52,7 @@ from ctxstore.models import Checkpoint, ForkResult
 from ctxstore.summary import Summaries
 from ctxstore.summary_queue import Handoff
 from ctxstore.tenancy import RESERVATION_MS, Limits, Quotas, quota_error
-from ctxstore.writes import Writer
+from ctxstore.writes import Commands, Writer
 
 __all__ = ["Forks"]
 
@@ -413,7 +413,7 @@ class Forks:
             *self._lineage.bridge_args(target, plan.rows, plan.counts),
         )
 
-        async def run(reservation: tuple[str, int]) -> Any:
+        async def run(reservation: tuple[str, int], after: Commands) -> Any:
             return await self._scope.connection.script(
                 SCRIPTS.fork,
                 (keys.log, keys.meta, keys.keep, keys.view, keys.gone, keys.idem, keys.idem_old),
@@ -421,6 +421,7 @@ class Forks:
                 session=target,
                 replicas=self._scope.settings.replica_acks,
                 refused=lambda reply: text(reply[0]) != Reply.OK,
+                after=after,
             )
 
         return await self._writer.listed(target, limits, run)

@@ -214,23 +214,27 @@ class TenantIndex:
         """Record that this process wrote the session (and listed or touched it)."""
         self._known.put(session, time.monotonic())
 
-    async def touch(self, session: str) -> None:
-        """Refresh the session's last activity (at most once per ``index_interval`` here).
+    def touch_due(self, session: str) -> tuple[Any, ...] | None:
+        """The command refreshing the session's last activity, if due here; it is then counted sent.
 
-        Only a listed session's score is changed (``ZADD XX``): listing is the
+        Due at most once per ``index_interval`` per session and process. Only a
+        listed session's score is changed (``ZADD XX``): listing is the
         reservation's job, under the quota.
         """
         now = time.monotonic()
         last = self._known.get(session)
         if last is not None and now - last < self._scope.settings.index_interval:
-            return
+            return None
         self._known.put(session, now)
+        return ("ZADD", self.key, "XX", self._scope.wall_ms(), session)
+
+    async def touch(self, session: str) -> None:
+        """Refresh the session's last activity in a round trip of its own, when due."""
+        command = self.touch_due(session)
+        if command is None:
+            return
         try:
-            await self._scope.connection.transaction(
-                [("ZADD", self.key, "XX", self._scope.wall_ms(), session)],
-                session=session,
-                key=self.key,
-            )
+            await self._scope.connection.batch([command], session=session, key=self.key)
         except CtxstoreError:
             self._known.discard(session)  # try again on the next write
             raise

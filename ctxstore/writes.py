@@ -62,6 +62,12 @@ _PROTECTED_ROLES = frozenset({"system", "developer"})
 
 _REFUSALS = frozenset({Reply.RESERVE, Reply.CONFLICT, Reply.QUOTA, Reply.LEASE_LOST})
 
+Commands = Sequence[tuple[Any, ...]]
+"""Redis commands, each as its arguments."""
+
+ListedWrite = Callable[[tuple[str, int], Commands], Awaitable[Any]]
+"""A write run by ``Writer.listed``: given a reservation (or none) and commands to send after."""
+
 
 def _reasoning_glue(messages: Sequence[Any]) -> dict[tuple[str, int], tuple[str, ...]]:
     """Bind each OpenAI Responses reasoning item to the item after it in the batch.
@@ -159,7 +165,7 @@ class Writer:
             args.extend((data, tokens, key, *rest))
         now = clock_arg(self._scope.clock)
 
-        async def run(reservation: tuple[str, int]) -> Any:
+        async def run(reservation: tuple[str, int], after: Commands) -> Any:
             return await self._scope.connection.script(
                 SCRIPTS.append,
                 (
@@ -180,6 +186,7 @@ class Writer:
                 session=session,
                 replicas=settings.replica_acks,
                 refused=_refused,
+                after=after,
             )
 
         reply = await self.listed(session, limits, run)
@@ -259,7 +266,7 @@ class Writer:
         for entry in entries:
             args.extend(entry)
 
-        async def run(reservation: tuple[str, int]) -> Any:
+        async def run(reservation: tuple[str, int], after: Commands) -> Any:
             return await self._scope.connection.script(
                 SCRIPTS.rewrite,
                 (
@@ -271,13 +278,12 @@ class Writer:
                 session=session,
                 replicas=self._scope.settings.replica_acks,
                 refused=_refused,
+                after=after,
             )
 
         return await self.listed(session, limits, run)
 
-    async def listed(
-        self, session: str, limits: Limits, run: Callable[[tuple[str, int]], Awaitable[Any]]
-    ) -> Any:
+    async def listed(self, session: str, limits: Limits, run: ListedWrite) -> Any:
         """Run a write that may create the session, keeping the tenant's index true around it.
 
         The write runs first without a reservation: a session that exists needs
@@ -287,20 +293,31 @@ class Writer:
         found the session absent gives its reservation back and unlists it
         (unless another write may still create it).
 
+        The touch of a session this process wrote rides in the write's round
+        trip, right after it, on a standalone Redis: at a turn every few
+        seconds, each write would otherwise pay a round trip of its own for
+        it. In a cluster the index may live on another node, and the touch
+        goes first, on its own.
+
         Raises:
             StoreUnavailableError: The write kept reaching Redis after its
                 reservation had run out (nothing was written).
         """
         known = self._index.knows(session)
+        after: tuple[tuple[Any, ...], ...] = ()
         if known:
-            await self._index.touch(session)
+            if self._scope.connection.cluster:
+                await self._index.touch(session)
+            else:
+                touch = self._index.touch_due(session)
+                after = () if touch is None else (touch,)
         reservation: Reservation | None = None
-        reply = await run(NO_RESERVATION)
+        reply = await run(NO_RESERVATION, after)
         for _ in range(RESERVE_ATTEMPTS):
             if text(reply[0]) != Reply.RESERVE:
                 break
             reservation = await self._index.reserve(session, limits)
-            reply = await run(reservation.args)
+            reply = await run(reservation.args, ())
         status = text(reply[0])
         if status == Reply.OK:
             self._index.written(session)

@@ -23,6 +23,7 @@ from servers import PrivateRedis, any_redis_binary, redis7_binary
 
 from ctxstore import ContextStore, Settings, _connection
 from ctxstore._connection import _Pool
+from ctxstore._scripts import SCRIPTS
 from ctxstore.errors import ConfigurationError
 
 
@@ -281,3 +282,47 @@ def test_a_redis_url_asking_for_resp3_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="RESP2"):
         Settings(redis_url="redis://127.0.0.1:6379/0?protocol=3")
     assert Settings(redis_url="redis://127.0.0.1:6379/0?protocol=2").redis_url
+
+
+async def test_commands_after_a_script_share_its_round_trip_and_never_fail_it(
+    private: PrivateRedis, tenant: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One trip; a refused command after the script is logged, and on NOSCRIPT is not re-sent."""
+    settings = Settings(redis_url=private.url(), retry_attempts=0)
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        connection = store._connection
+        trips: list[list[tuple[Any, ...]]] = []
+        real = connection.node_call
+
+        async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+            trips.append(list(commands))
+            return await real(key, commands, **kwargs)
+
+        connection.node_call = node_call  # type: ignore[method-assign]
+        await connection.node_call("text", [("SET", "text", "v")])
+        script = SCRIPTS.set_ttl
+        await store._connection.client.script_flush()  # the first run meets NOSCRIPT
+        trips.clear()
+        with caplog.at_level("WARNING", logger="ctxstore"):
+            reply = await connection.script(
+                script,
+                ("k:log", "k:meta"),
+                ("1000",),
+                after=[("INCR", "count"), ("ZADD", "text", "XX", 1, "m")],
+            )
+        assert reply == [0]  # no such session: the script ran
+        assert [trip[0][0] for trip in trips] == ["EVALSHA", "EVAL"]
+        assert [command[0] for command in trips[0][1:]] == ["INCR", "ZADD"]
+        assert trips[1][1:] == []  # what came after the script ran once, in the first trip
+        assert int(await connection.client.get("count")) == 1
+        assert "ZADD after set_ttl refused" in caplog.text and "WRONGTYPE" in caplog.text
+
+
+async def test_commands_after_a_script_are_refused_on_a_cluster(cluster: Any, tenant: str) -> None:
+    """A cluster node may not own what comes after a script: a programming error, said at once."""
+    settings = Settings(redis_url=cluster.url, redis_cluster=True)
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        with pytest.raises(ValueError, match="standalone only"):
+            await store._connection.script(
+                SCRIPTS.set_ttl, ("k:log", "k:meta"), ("1000",), after=[("PING",)]
+            )

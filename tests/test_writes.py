@@ -10,10 +10,12 @@ Redis applied is dropped, and the SDK retries.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from conftest import BACKENDS
 from helpers import turn
 from redis import exceptions as rex
 from redis.asyncio import Redis
@@ -29,7 +31,9 @@ from ctxstore import (
     Settings,
     TenantLimits,
 )
+from ctxstore._keys import tenant_sessions_key
 from ctxstore._scripts import SCRIPTS, Script
+from ctxstore.testing import ManualClock
 
 
 def drop_reply_once(
@@ -253,3 +257,33 @@ async def test_an_unknown_lease_kind_is_refused(store: ContextStore, raw_redis: 
     with pytest.raises(InvalidInputError):
         await store.lease("s", kind="bogus")  # type: ignore[arg-type]
     assert not await raw_redis.exists(store.keys("s").lease)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+async def test_a_due_touch_of_the_index_rides_in_the_write_s_round_trip(
+    settings: Settings, tenant: str, raw_redis: Redis, backend: str
+) -> None:
+    """Each write here is due a touch: one round trip on one Redis, two on a cluster's nodes."""
+    clock = ManualClock(int(time.time() * 1000))
+    every_write = settings.model_copy(update={"index_interval": 0.0})
+    async with ContextStore.from_settings(every_write, tenant=tenant, clock=clock) as store:
+        await store.append("s", turn(0))  # creates and lists s
+        real = store._connection.node_call
+        trips: list[list[str]] = []
+
+        async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+            trips.append([str(command[0]) for command in commands])
+            return await real(key, commands, **kwargs)
+
+        store._connection.node_call = node_call  # type: ignore[method-assign]
+        for n in range(1, 4):
+            clock.advance(5)
+            trips.clear()
+            await store.append("s", turn(n))
+            if backend == "single":
+                assert trips == [["EVALSHA", "ZADD"]]
+            else:
+                assert trips == [["ZADD"], ["EVALSHA"]]
+            index = tenant_sessions_key(settings.key_prefix, tenant)
+            assert await raw_redis.zscore(index, "s") == clock.now_ms()
+        assert [m.message for m in (await store.read("s")).messages] == [turn(n) for n in range(4)]
