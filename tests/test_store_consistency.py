@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from conftest import SUMMARY_TRIGGER
 from helpers import USER
 from redis import exceptions as rex
 from redis.asyncio import Redis
@@ -182,6 +183,21 @@ async def test_a_view_does_not_ask_again_for_a_summary_that_found_nothing_to_cov
             view = await store.view("s", token_budget=100)
             assert view.stats.dropped > 0 and not view.stats.summary_used
         assert (await store.info("s")).summary_generation == generation
+
+
+async def test_after_a_job_that_covered_nothing_only_what_could_change_that_is_due(
+    summary_settings: Settings, tenant: str
+) -> None:
+    """Past the trigger after an idle job: a short turn queues no job; the tool's result does."""
+    async with ContextStore.from_settings(summary_settings, tenant=tenant) as store:
+        await store.append_many("s", open_exchange())
+        while (await store.info("s")).tokens_unsummarized < SUMMARY_TRIGGER:
+            await store.append("s", {"role": "user", "content": "still waiting " * 12})
+        assert (await store.summarize("s", FakeSummarizer())).status == "idle"
+        short = await store.append("s", {"role": "user", "content": "and now?"})
+        assert not short.summary_due
+        answer = await store.append("s", {"role": "tool", "tool_call_id": "c1", "content": "ok"})
+        assert answer.summary_due
 
 
 async def test_a_summary_commit_whose_reply_was_lost_is_reported_committed(

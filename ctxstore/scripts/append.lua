@@ -46,8 +46,9 @@
 
 local PER = 8
 local FIRST = 13  -- ARGV index before the first message's arguments
+-- Each field read costs some 2,500 instructions: 'idle' is read only when a summary may be due.
 local meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
-                        'wm_tokens', 'sq', 'first_id', 'idem_since', 'bytes', 'idle', 'chain')
+                        'wm_tokens', 'sq', 'first_id', 'idem_since', 'bytes', 'chain')
 local seq = tonumber(meta[1])
 local epoch = tonumber(meta[2]) or 0
 local count = tonumber(meta[3]) or 0
@@ -120,13 +121,17 @@ local period = tonumber(ARGV[6])
 local since = tonumber(meta[10]) or 0
 local since_changed = false
 local ttl = tonumber(meta[5]) or tonumber(ARGV[2])
-local out = {'ok', 0, is_new, meta[13] or '', ttl or ''}
+local out = {'ok', 0, is_new, meta[12] or '', ttl or ''}
 local o = 5  -- the last index of `out` set
 local answers = false  -- a new message answers a tool call: an open exchange may be closed
 local kept = false  -- a new message is system or pinned: the keep hash changed
 local first_id = meta[9]
 local first_changed = false
 local last_id = nil
+-- The numbers as Redis takes them, each formatted once (`int`): the last new message's
+-- seq, count and tokens are also the session's, and the epoch is read as a string.
+local epoch_s = (not creating and meta[2]) or int(epoch)
+local seq_s, count_s, tokens_s
 for i = 1, n do
   local base = FIRST + (i - 1) * PER
   if seen[i] then
@@ -135,14 +140,15 @@ for i = 1, n do
     o = o + 4
   else
     local t = tonumber(ARGV[base + 2])
-    local id = add_entry(KEYS[1], KEYS[5], ARGV[base + 1], ARGV[base + 2], ARGV[base + 4],
-                         ARGV[base + 5], ARGV[base + 6], ARGV[base + 7], ARGV[base + 8],
-                         int(count + 1), int(tokens + t))
-    answers = answers or ARGV[base + 6] ~= ''
-    kept = kept or ARGV[base + 4] ~= ''
     seq = seq + 1
     count = count + 1
     tokens = tokens + t
+    seq_s, count_s, tokens_s = int(seq), int(count), int(tokens)
+    local id = add_entry(KEYS[1], KEYS[5], ARGV[base + 1], ARGV[base + 2], ARGV[base + 4],
+                         ARGV[base + 5], ARGV[base + 6], ARGV[base + 7], ARGV[base + 8],
+                         count_s, tokens_s)
+    answers = answers or ARGV[base + 6] ~= ''
+    kept = kept or ARGV[base + 4] ~= ''
     if not first_id or first_id == '' then first_id, first_changed = id, true end
     last_id = id
     local at = tonumber(string.match(id, '^(%d+)'))
@@ -157,7 +163,7 @@ for i = 1, n do
       since = at
       since_changed = true
     end
-    redis.call('HSET', KEYS[3], ARGV[base + 3], string.format('%s %d %d', id, seq, epoch))
+    redis.call('HSET', KEYS[3], ARGV[base + 3], id .. ' ' .. seq_s .. ' ' .. epoch_s)
     -- A generation takes at most one period of appends, and expires two periods after
     -- it began: each key is kept at least one period, with one PEXPIRE per generation.
     if idem_n == 0 then redis.call('PEXPIRE', KEYS[3], 2 * period) end
@@ -171,10 +177,10 @@ if fresh == 0 then return out end
 
 -- Only what changes on every append; the epoch, the first id and the idempotency
 -- generation's start, when they change (each field written costs some 3,000 instructions).
-redis.call('HSET', KEYS[2], 'seq', int(seq), 'count', int(count), 'tokens', int(tokens),
+redis.call('HSET', KEYS[2], 'seq', seq_s, 'count', count_s, 'tokens', tokens_s,
            'bytes', int(bytes), 'idem_n', int(idem_n), 'last_id', last_id)
 if creating or not meta[2] or first_changed or since_changed then
-  redis.call('HSET', KEYS[2], 'epoch', int(epoch), 'first_id', first_id, 'idem_since', int(since))
+  redis.call('HSET', KEYS[2], 'epoch', epoch_s, 'first_id', first_id, 'idem_since', int(since))
 end
 -- The keep hash's version: a pod's cached view reads the protected copies again.
 if kept then redis.call('HINCRBY', KEYS[2], 'kv', 1) end
@@ -183,7 +189,7 @@ local threshold = tonumber(ARGV[4])
 if threshold > 0 and meta[8] ~= '1' and tokens - (tonumber(meta[7]) or 0) >= threshold then
   -- After a job that could cover nothing, only what may change that: a tool
   -- result (an open exchange closed), or half a threshold of new tokens.
-  local idle = tonumber(meta[12])
+  local idle = tonumber(redis.call('HGET', KEYS[2], 'idle'))
   if not idle or answers or tokens - idle >= threshold / 2 then
     redis.call('HDEL', KEYS[2], 'idle')
     out[2] = next_generation(KEYS[2], tonumber(string.match(last_id, '^(%d+)')))
