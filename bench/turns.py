@@ -282,7 +282,10 @@ async def workload(
     return {"workload": name, "messages": length, "sessions": sessions, **merged, "ratio": ratio}
 
 
-OPERATIONS = ("append", "cold view", "hot view")
+OPERATIONS = ("append", "append, paced", "cold view", "hot view")
+"""``append, paced``: each append is due the tenant index's touch, as when a session's
+turns come a second or more apart (a model call between them): its pod's
+``index_interval`` is 0. The plain client has no index: its row is a plain append."""
 
 
 async def nothing(session: str) -> None:
@@ -322,7 +325,9 @@ async def operations(
     meter: Instructions | None = None,
     **settings: Any,
 ) -> list[dict[str, Any]]:
-    """Per operation: append one message, a cold view, a hot view (after one new message).
+    """Per operation: append one message (back to back, and paced), a cold view, a hot view.
+
+    The hot view comes after one new message.
 
     ``size``: the bytes of text of each message (history and appends).
     ``meter``: counts the server's instructions in each phase (from after the fill).
@@ -333,6 +338,7 @@ async def operations(
         redis_url=url, key_prefix=f"ops{size}", queue_name=f"ops{size}:summaries", **settings
     )
     cold_settings = base.model_copy(update={"view_cache_bytes": 0})
+    paced_settings = base.model_copy(update={"index_interval": 0.0})
     raw = Redis.from_url(url)
     numbers = itertools.count()
     history = conversation(length, size, seed=9)
@@ -342,13 +348,16 @@ async def operations(
     async with (
         ContextStore.from_settings(base, tenant="bench") as hot,
         ContextStore.from_settings(cold_settings, tenant="bench") as cold,
+        ContextStore.from_settings(paced_settings, tenant="bench") as paced,
     ):
-        plain, ctx, ctx_cold = Plain(raw, counter), Ctx(hot), Ctx(cold)
+        plain, ctx, ctx_cold, ctx_paced = Plain(raw, counter), Ctx(hot), Ctx(cold), Ctx(paced)
         for session in names:
             await plain.fill(session, history)
             await ctx.fill(session, history)
             await ctx.view(session)  # the hot pod has served every session once
             await ctx_cold.view("warm-up")  # the cold pod's connection and scripts are ready
+            # The paced pod writes every session once: it then knows them, as a pod does.
+            await ctx_paced.append(session, [{"role": "user", "content": "paced"}])
 
         def user_turn() -> list[dict[str, Any]]:
             n = next(numbers)
@@ -357,12 +366,17 @@ async def operations(
         if meter is not None:
             meter.start()
         for _ in range(rounds):
-            for label, side, cold_side in (("plain", plain, plain), ("ctxstore", ctx, ctx_cold)):
+            sides = (("plain", plain, plain, plain), ("ctxstore", ctx, ctx_cold, ctx_paced))
+            for label, side, cold_side, paced_side in sides:
 
                 async def add(session: str, side: Plain | Ctx = side) -> None:
                     await side.append(session, user_turn())
 
+                async def add_paced(session: str, side: Plain | Ctx = paced_side) -> None:
+                    await side.append(session, user_turn())
+
                 await phase(raw, names, add, blocks[(label, "append")], meter)
+                await phase(raw, names, add_paced, blocks[(label, "append, paced")], meter)
                 await phase(raw, names, side.view, blocks[(label, "hot view")], meter)
                 await phase(raw, names, cold_side.view, blocks[(label, "cold view")], meter)
                 await phase(raw, names, nothing, idle, meter)

@@ -110,12 +110,10 @@ async def test_generated_schedules_lose_nothing_and_mix_nothing(
         acked: dict[str, str] = {}
         forks: list[str] = []
         popped: set[str] = set()
-        await asyncio.gather(
-            *(
-                run_pod(pod, number, session, ops, acked, forks, popped)
-                for number, (pod, ops) in enumerate(zip(pods, schedules, strict=True))
-            )
-        )
+        # A task group: when one pod fails, the others stop before their stores close.
+        async with asyncio.TaskGroup() as group:
+            for number, (pod, ops) in enumerate(zip(pods, schedules, strict=True)):
+                group.create_task(run_pod(pod, number, session, ops, acked, forks, popped))
         store = pods[0]
         known = {m["content"] for m in start} | set(acked)
         history = await check_session(store, session, known)
