@@ -231,13 +231,20 @@ class TenantIndex:
     async def touch(self, session: str) -> None:
         """Refresh the session's last activity in a round trip of its own, when due."""
         command = self.touch_due(session)
-        if command is None:
-            return
+        if command is not None:
+            await self.send_touch(session, command)
+
+    async def send_touch(self, session: str, command: tuple[Any, ...]) -> None:
+        """Send ``command`` (from :meth:`touch_due`) in a round trip of its own.
+
+        Best effort, as it comes with a write that may have landed: a failure
+        is logged, never raised, and the touch is due again on the next write.
+        """
         try:
             await self._scope.connection.batch([command], session=session, key=self.key)
-        except CtxstoreError:
-            self._known.discard(session)  # try again on the next write
-            raise
+        except CtxstoreError as exc:
+            self._known.discard(session)
+            log.warning("the index touch of session %r failed: %s", session, exc)
 
     async def reserve(self, session: str, limits: Limits) -> Reservation:
         """List the session, within the session quota, for a write that may create it.

@@ -14,6 +14,7 @@ session does not exist.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -296,23 +297,30 @@ class Writer:
         The touch of a session this process wrote rides in the write's round
         trip, right after it, on a standalone Redis: at a turn every few
         seconds, each write would otherwise pay a round trip of its own for
-        it. In a cluster the index may live on another node, and the touch
-        goes first, on its own.
+        it. In a cluster the index may live on another node: the touch goes
+        there in a round trip of its own, alongside the write's.
 
         Raises:
             StoreUnavailableError: The write kept reaching Redis after its
                 reservation had run out (nothing was written).
         """
         known = self._index.knows(session)
-        after: tuple[tuple[Any, ...], ...] = ()
-        if known:
-            if self._scope.connection.cluster:
-                await self._index.touch(session)
-            else:
-                touch = self._index.touch_due(session)
-                after = () if touch is None else (touch,)
+        touch = self._index.touch_due(session) if known else None
+        after: Commands = ()
+        touching: asyncio.Task[None] | None = None
+        if touch is not None and self._scope.connection.cluster:
+            touching = asyncio.create_task(self._index.send_touch(session, touch))
+        elif touch is not None:
+            after = (touch,)
+        try:
+            reply = await run(NO_RESERVATION, after)
+        except BaseException:
+            if touching is not None:
+                touching.cancel()
+            raise
+        if touching is not None:
+            await touching  # best effort: it raises nothing of its own
         reservation: Reservation | None = None
-        reply = await run(NO_RESERVATION, after)
         for _ in range(RESERVE_ATTEMPTS):
             if text(reply[0]) != Reply.RESERVE:
                 break

@@ -10,6 +10,7 @@ Redis applied is dropped, and the SDK retries.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -260,30 +261,56 @@ async def test_an_unknown_lease_kind_is_refused(store: ContextStore, raw_redis: 
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
-async def test_a_due_touch_of_the_index_rides_in_the_write_s_round_trip(
+async def test_a_due_touch_of_the_index_costs_the_write_no_round_trip(
     settings: Settings, tenant: str, raw_redis: Redis, backend: str
 ) -> None:
-    """Each write here is due a touch: one round trip on one Redis, two on a cluster's nodes."""
+    """Each write is due a touch: in its round trip on one Redis, alongside it on a cluster."""
     clock = ManualClock(int(time.time() * 1000))
     every_write = settings.model_copy(update={"index_interval": 0.0})
     async with ContextStore.from_settings(every_write, tenant=tenant, clock=clock) as store:
         await store.append("s", turn(0))  # creates and lists s
         real = store._connection.node_call
         trips: list[list[str]] = []
+        script_sent = asyncio.Event()
 
         async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
-            trips.append([str(command[0]) for command in commands])
+            names = [str(command[0]) for command in commands]
+            trips.append(names)
+            if names[0] == "EVALSHA":
+                script_sent.set()
+            else:  # on a cluster, the touch waits here until the write is under way
+                async with asyncio.timeout(10):
+                    await script_sent.wait()
             return await real(key, commands, **kwargs)
 
         store._connection.node_call = node_call  # type: ignore[method-assign]
         for n in range(1, 4):
             clock.advance(5)
             trips.clear()
+            script_sent.clear()
             await store.append("s", turn(n))
             if backend == "single":
                 assert trips == [["EVALSHA", "ZADD"]]
             else:
-                assert trips == [["ZADD"], ["EVALSHA"]]
+                assert sorted(trips) == [["EVALSHA"], ["ZADD"]]
             index = tenant_sessions_key(settings.key_prefix, tenant)
             assert await raw_redis.zscore(index, "s") == clock.now_ms()
         assert [m.message for m in (await store.read("s")).messages] == [turn(n) for n in range(4)]
+
+
+async def test_a_refused_touch_is_logged_and_never_fails_the_write(
+    settings: Settings, tenant: str, raw_redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The index refuses the touch (a wrong type): the append lands, is answered, and is logged."""
+    every_write = settings.model_copy(update={"index_interval": 0.0})
+    async with ContextStore.from_settings(every_write, tenant=tenant) as store:
+        await store.append("s", turn(0))
+        index = tenant_sessions_key(settings.key_prefix, tenant)
+        await raw_redis.delete(index)
+        await raw_redis.set(index, "not an index")
+        with caplog.at_level("WARNING", logger="ctxstore"):
+            result = await store.append("s", turn(1))
+        assert not result.duplicate and result.seq == 2
+        assert [m.message for m in (await store.read("s")).messages] == [turn(0), turn(1)]
+        assert "WRONGTYPE" in caplog.text
+        await raw_redis.delete(index)
