@@ -199,40 +199,28 @@ class TenantIndex:
         self.tenants_key = _keys.tenants_key(scope.prefix)
         self._pending = _keys.tenant_pending_keys(scope.prefix, scope.tenant)
         self.deleted_key = _keys.tenant_deleted_key(scope.prefix, scope.tenant)
-        self._known: Memo[str, float] = Memo()  # sessions this process wrote, last touched
+        self._known: Memo[str, float] = Memo()  # sessions this process touched, and when
 
     @property
     def keys(self) -> tuple[str, str, str, str]:
         """The index, its pending reservations and deleted sessions, as its scripts take them."""
         return (self.key, *self._pending, self.deleted_key)
 
-    def knows(self, session: str) -> bool:
-        """True when this process has written the session (it exists, unless deleted since)."""
-        return session in self._known
-
-    def written(self, session: str) -> None:
-        """Record that this process wrote the session (and listed or touched it)."""
-        self._known.put(session, time.monotonic())
-
     def touch_due(self, session: str) -> tuple[Any, ...] | None:
         """The command refreshing the session's last activity, if due here; it is then counted sent.
 
-        Due at most once per ``index_interval`` per session and process. Only a
-        listed session's score is changed (``ZADD XX``): listing is the
-        reservation's job, under the quota.
+        Due on this process's first write of the session, then at most once per
+        ``index_interval`` (the scope's clock when it has one), however often it
+        writes. Only a listed session's score is changed (``ZADD XX``): listing
+        is the reservation's job, under the quota, and a touch of a session that
+        does not exist (yet) changes nothing.
         """
-        now = time.monotonic()
+        now = self._scope.clock.now_ms() / 1000 if self._scope.clock else time.monotonic()
         last = self._known.get(session)
-        if last is not None and now - last < self._scope.settings.index_interval:
+        if last is not None and 0 <= now - last < self._scope.settings.index_interval:
             return None
         self._known.put(session, now)
         return ("ZADD", self.key, "XX", self._scope.wall_ms(), session)
-
-    async def touch(self, session: str) -> None:
-        """Refresh the session's last activity in a round trip of its own, when due."""
-        command = self.touch_due(session)
-        if command is not None:
-            await self.send_touch(session, command)
 
     async def send_touch(self, session: str, command: tuple[Any, ...]) -> None:
         """Send ``command`` (from :meth:`touch_due`) in a round trip of its own.

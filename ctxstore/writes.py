@@ -288,14 +288,15 @@ class Writer:
         """Run a write that may create the session, keeping the tenant's index true around it.
 
         The write runs first without a reservation: a session that exists needs
-        none (its activity is touched). One that would create the session is
+        none. One that would create the session is
         refused by its script; it is then reserved (listed, within the session
         quota) and run again. A refused write (conflict, quota, lost lease) that
         found the session absent gives its reservation back and unlists it
         (unless another write may still create it).
 
-        The touch of a session this process wrote rides in the write's round
-        trip, right after it, on a standalone Redis: at a turn every few
+        The session's activity touch, when due (``TenantIndex.touch_due``),
+        rides in the write's round trip, right after it, on a standalone
+        Redis: at a turn every few
         seconds, each write would otherwise pay a round trip of its own for
         it. In a cluster the index may live on another node: the touch goes
         there in a round trip of its own, alongside the write's.
@@ -304,8 +305,7 @@ class Writer:
             StoreUnavailableError: The write kept reaching Redis after its
                 reservation had run out (nothing was written).
         """
-        known = self._index.knows(session)
-        touch = self._index.touch_due(session) if known else None
+        touch = self._index.touch_due(session)
         after: Commands = ()
         touching: asyncio.Task[None] | None = None
         if touch is not None and self._scope.connection.cluster:
@@ -328,9 +328,6 @@ class Writer:
             reply = await run(reservation.args, ())
         status = text(reply[0])
         if status == Reply.OK:
-            self._index.written(session)
-            if not known and reservation is None:
-                await self._index.touch(session)
             return reply
         if reservation is not None:
             if status == Reply.RESERVE:

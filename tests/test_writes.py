@@ -314,3 +314,30 @@ async def test_a_refused_touch_is_logged_and_never_fails_the_write(
         assert [m.message for m in (await store.read("s")).messages] == [turn(0), turn(1)]
         assert "WRONGTYPE" in caplog.text
         await raw_redis.delete(index)
+
+
+async def test_a_session_written_more_often_than_the_interval_keeps_its_activity_fresh(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Writes every half interval, and one after another pod's first: the score keeps moving."""
+    clock = ManualClock(int(time.time() * 1000))
+    index = tenant_sessions_key(settings.key_prefix, tenant)
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant, clock=clock) as store,
+        ContextStore.from_settings(settings, tenant=tenant, clock=clock) as other_pod,
+    ):
+        await store.append("s", turn(0))
+        created = await raw_redis.zscore(index, "s")
+        for n in range(1, 9):
+            clock.advance(settings.index_interval / 2)
+            await store.append("s", turn(n))
+            assert (
+                await raw_redis.zscore(index, "s")
+                >= clock.now_ms() - settings.index_interval * 1000
+            )
+        assert await raw_redis.zscore(index, "s") > created
+        clock.advance(settings.index_interval / 4)
+        await other_pod.append(
+            "s", turn(9)
+        )  # its first write of s, within the first pod's interval
+        assert await raw_redis.zscore(index, "s") == clock.now_ms()
