@@ -285,7 +285,8 @@ async def workload(
 OPERATIONS = ("append", "append, paced", "cold view", "hot view")
 """``append, paced``: each append is due the tenant index's touch, as when a session's
 turns come a second or more apart (a model call between them): its pod's
-``index_interval`` is 0. The plain client has no index: its row is a plain append."""
+``index_interval`` is 0. It writes sessions of its own, so the views' rows still
+follow one new message. The plain client has no index: its row is a plain append."""
 
 
 async def nothing(session: str) -> None:
@@ -343,6 +344,7 @@ async def operations(
     numbers = itertools.count()
     history = conversation(length, size, seed=9)
     names = [f"ops{length}-{i}" for i in range(sessions)]
+    paced_names = [f"ops{length}-paced-{i}" for i in range(sessions)]
     blocks = {(side, op): Block() for side in ("plain", "ctxstore") for op in OPERATIONS}
     idle = Block()  # phases that do nothing: what the INFO probes themselves cost
     async with (
@@ -356,8 +358,9 @@ async def operations(
             await ctx.fill(session, history)
             await ctx.view(session)  # the hot pod has served every session once
             await ctx_cold.view("warm-up")  # the cold pod's connection and scripts are ready
-            # The paced pod writes every session once: it then knows them, as a pod does.
-            await ctx_paced.append(session, [{"role": "user", "content": "paced"}])
+        for session in paced_names:
+            await plain.fill(session, history)
+            await ctx_paced.fill(session, history)
 
         def user_turn() -> list[dict[str, Any]]:
             n = next(numbers)
@@ -376,7 +379,7 @@ async def operations(
                     await side.append(session, user_turn())
 
                 await phase(raw, names, add, blocks[(label, "append")], meter)
-                await phase(raw, names, add_paced, blocks[(label, "append, paced")], meter)
+                await phase(raw, paced_names, add_paced, blocks[(label, "append, paced")], meter)
                 await phase(raw, names, side.view, blocks[(label, "hot view")], meter)
                 await phase(raw, names, cold_side.view, blocks[(label, "cold view")], meter)
                 await phase(raw, names, nothing, idle, meter)

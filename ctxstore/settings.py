@@ -97,8 +97,10 @@ class Settings(BaseSettings):
             history is refused, never applied to the new one).
         history_page_size: Entries read per round trip by ``get_messages``.
         index_interval: Seconds between two refreshes, by one process, of a
-            session's last activity in the tenant's index (the first write
-            of a session always records it).
+            session's last activity in the tenant's index, however often it
+            writes the session (its first write records it). A refresh rides
+            with a write and is best effort: one that fails is logged and
+            tried again on the next write.
         offload_threshold_tokens: Tool results larger than this are sent in
             views as a preview (head and tail) plus a retrieval note; the
             full text stays in the history. ``0`` never offloads.
