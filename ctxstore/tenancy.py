@@ -211,16 +211,18 @@ class TenantIndex:
 
         Due on this process's first write of the session, then at most once per
         ``index_interval`` (the scope's clock when it has one), however often it
-        writes. Only a listed session's score is changed (``ZADD XX``): listing
-        is the reservation's job, under the quota, and a touch of a session that
-        does not exist (yet) changes nothing.
+        writes. Only a listed session's score is changed (``XX``): listing is
+        the reservation's job, under the quota, and a touch of a session that
+        does not exist (yet) changes nothing. A score only moves forward
+        (``GT``): a touch that lands late, or from a pod whose clock is behind,
+        never makes a session look idle.
         """
         now = self._scope.clock.now_ms() / 1000 if self._scope.clock else time.monotonic()
         last = self._known.get(session)
         if last is not None and 0 <= now - last < self._scope.settings.index_interval:
             return None
         self._known.put(session, now)
-        return ("ZADD", self.key, "XX", self._scope.wall_ms(), session)
+        return ("ZADD", self.key, "XX", "GT", self._scope.wall_ms(), session)
 
     async def send_touch(self, session: str, command: tuple[Any, ...]) -> None:
         """Send ``command`` (from :meth:`touch_due`) in a round trip of its own.

@@ -341,3 +341,23 @@ async def test_a_session_written_more_often_than_the_interval_keeps_its_activity
             "s", turn(9)
         )  # its first write of s, within the first pod's interval
         assert await raw_redis.zscore(index, "s") == clock.now_ms()
+
+
+async def test_a_late_touch_never_moves_a_session_s_activity_back(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A pod whose clock is 5 s behind writes after one on time: the later score stays."""
+    on_time = ManualClock(int(time.time() * 1000))
+    behind = ManualClock(on_time.now_ms() - 5_000)
+    index = tenant_sessions_key(settings.key_prefix, tenant)
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant, clock=on_time) as a,
+        ContextStore.from_settings(settings, tenant=tenant, clock=behind) as b,
+    ):
+        await a.append("s", turn(0))
+        on_time.advance(2)
+        await a.append("s", turn(1))  # due: the score is on_time's now
+        assert await raw_redis.zscore(index, "s") == on_time.now_ms()
+        await b.append("s", turn(2))  # b's first write: due, 3 s before a's touch
+        assert await raw_redis.zscore(index, "s") == on_time.now_ms()
+        assert len((await a.read("s")).messages) == 3
