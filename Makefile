@@ -10,6 +10,11 @@ STAMP := $(VENV)/.installed
 SDK_VENV := .venv-sdk
 SDK_BIN := $(SDK_VENV)/bin
 SDK_STAMP := $(SDK_VENV)/.installed
+# A pod as pip installs it: the same, with the hiredis parser ctxstore depends on
+# (redis[hiredis]), whose replies the store reads past redis-py.
+POD_VENV := .venv-pod
+POD_BIN := $(POD_VENV)/bin
+POD_STAMP := $(POD_VENV)/.installed
 
 .PHONY: install test lint typecheck check bench bench-instructions eval stress soak demo worker load clean
 
@@ -26,13 +31,20 @@ $(SDK_STAMP): pyproject.toml
 	$(SDK_BIN)/pip uninstall --quiet --yes hiredis
 	touch $(SDK_STAMP)
 
-install: $(STAMP) $(SDK_STAMP)
+$(POD_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(POD_VENV)
+	$(POD_BIN)/pip install --quiet --upgrade pip
+	$(POD_BIN)/pip install --quiet -e ".[test,openai-agents,langchain]" "openai-agents[redis]"
+	touch $(POD_STAMP)
 
-# The whole suite in the worker environment, then again in a pod's (tests that need
-# the worker extra skip themselves there).
-test: $(STAMP) $(SDK_STAMP)
+install: $(STAMP) $(SDK_STAMP) $(POD_STAMP)
+
+# The whole suite in the worker environment, then again in a pod's without hiredis
+# and in one as installed (tests that need the worker extra skip themselves there).
+test: $(STAMP) $(SDK_STAMP) $(POD_STAMP)
 	$(BIN)/pytest -q
 	$(SDK_BIN)/pytest -q
+	$(POD_BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -75,4 +87,4 @@ demo: $(STAMP)
 	$(BIN)/python -m ctxstore.demo
 
 clean:
-	rm -rf $(VENV) $(SDK_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SDK_VENV) $(POD_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -258,7 +258,8 @@ async def test_replies_past_redis_py_only_on_resp2(private: PrivateRedis, protoc
     """RESP3 may push a frame between replies, which only redis-py's own reading skips."""
     if not isinstance(getattr(_connection, "hiredis", None), ModuleType):
         pytest.skip("the replies are read by redis-py itself without hiredis")
-    client = Redis.from_url(private.url(), protocol=protocol)
+    # No socket timeout (redis-py 8 sets one by default), as the store's own clients.
+    client = Redis.from_url(private.url(), protocol=protocol, socket_timeout=None)
     try:
         conn = await client.connection_pool.get_connection()
         asked: list[int] = []
