@@ -217,7 +217,8 @@ class TenantIndex:
         (``GT``): a touch that lands late, or from a pod whose clock is behind,
         never makes a session look idle.
         """
-        now = self._scope.clock.now_ms() / 1000 if self._scope.clock else time.monotonic()
+        clock = self._scope.clock
+        now = clock.now_ms() / 1000 if clock is not None else time.monotonic()
         last = self._known.get(session)
         if last is not None and 0 <= now - last < self._scope.settings.index_interval:
             return None

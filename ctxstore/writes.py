@@ -288,18 +288,18 @@ class Writer:
         """Run a write that may create the session, keeping the tenant's index true around it.
 
         The write runs first without a reservation: a session that exists needs
-        none. One that would create the session is
-        refused by its script; it is then reserved (listed, within the session
-        quota) and run again. A refused write (conflict, quota, lost lease) that
-        found the session absent gives its reservation back and unlists it
-        (unless another write may still create it).
+        none. One that would create the session is refused by its script; it
+        is then reserved (listed, within the session quota) and run again. A
+        refused write (conflict, quota, lost lease) that found the session
+        absent gives its reservation back and unlists it (unless another write
+        may still create it).
 
         The session's activity touch, when due (``TenantIndex.touch_due``),
         rides in the write's round trip, right after it, on a standalone
-        Redis: at a turn every few
-        seconds, each write would otherwise pay a round trip of its own for
-        it. In a cluster the index may live on another node: the touch goes
-        there in a round trip of its own, alongside the write's.
+        Redis: at a turn every few seconds, each write would otherwise pay a
+        round trip of its own for it. In a cluster the index may live on
+        another node: the touch goes there in a round trip of its own,
+        alongside the write's.
 
         Raises:
             StoreUnavailableError: The write kept reaching Redis after its
