@@ -62,7 +62,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,20 +366,21 @@ async def operations(
             n = next(numbers)
             return [{"role": "user", "content": f"question {n}: " + "x" * (size - 20)}]
 
+        def adding(side: Plain | Ctx) -> Callable[[str], Awaitable[None]]:
+            async def add(session: str) -> None:
+                await side.append(session, user_turn())
+
+            return add
+
         if meter is not None:
             meter.start()
         for _ in range(rounds):
             sides = (("plain", plain, plain, plain), ("ctxstore", ctx, ctx_cold, ctx_paced))
             for label, side, cold_side, paced_side in sides:
-
-                async def add(session: str, side: Plain | Ctx = side) -> None:
-                    await side.append(session, user_turn())
-
-                async def add_paced(session: str, side: Plain | Ctx = paced_side) -> None:
-                    await side.append(session, user_turn())
-
-                await phase(raw, names, add, blocks[(label, "append")], meter)
-                await phase(raw, paced_names, add_paced, blocks[(label, "append, paced")], meter)
+                await phase(raw, names, adding(side), blocks[(label, "append")], meter)
+                await phase(
+                    raw, paced_names, adding(paced_side), blocks[(label, "append, paced")], meter
+                )
                 await phase(raw, names, side.view, blocks[(label, "hot view")], meter)
                 await phase(raw, names, cold_side.view, blocks[(label, "cold view")], meter)
                 await phase(raw, names, nothing, idle, meter)

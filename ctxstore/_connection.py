@@ -56,6 +56,9 @@ log = logging.getLogger("ctxstore")
 
 T = TypeVar("T")
 
+Commands = Sequence[tuple[Any, ...]]
+"""Redis commands, each as its arguments."""
+
 TRANSIENT: tuple[type[Exception], ...] = (
     rex.ConnectionError,  # includes BusyLoadingError (a restarted server loading its AOF)
     rex.TimeoutError,
@@ -250,7 +253,7 @@ _POOL_WANTS_A_NAME = _NAMED is not None and _NAMED.default is inspect.Parameter.
 """redis-py 5.0-5.2 require a command name to hand out a connection; 5.3+ deprecate it."""
 
 
-def _pack(conn: Any, commands: Sequence[tuple[Any, ...]]) -> bytes | list[bytes]:
+def _pack(conn: Any, commands: Commands) -> bytes | list[bytes]:
     """The commands as one RESP buffer (hiredis when installed, else redis-py's packer)."""
     if hiredis is not None:
         return b"".join(hiredis.pack_command(tuple(c)) for c in commands)
@@ -448,7 +451,7 @@ class Connection:
                 ) from exc
 
     async def node_call(
-        self, key: str, commands: Sequence[tuple[Any, ...]], *, transaction: bool = False
+        self, key: str, commands: Commands, *, transaction: bool = False
     ) -> list[Any]:
         """Send ``commands`` on one connection of the node that owns ``key``; raw replies.
 
@@ -546,7 +549,7 @@ class Connection:
 
     async def transaction(
         self,
-        commands: Sequence[tuple[Any, ...]],
+        commands: Commands,
         *,
         session: str | None = None,
         key: str | None = None,
@@ -566,7 +569,7 @@ class Connection:
 
     async def batch(
         self,
-        commands: Sequence[tuple[Any, ...]],
+        commands: Commands,
         *,
         session: str | None = None,
         key: str | None = None,
@@ -584,7 +587,7 @@ class Connection:
 
     async def _round_trip(
         self,
-        commands: Sequence[tuple[Any, ...]],
+        commands: Commands,
         *,
         atomic: bool,
         session: str | None,
@@ -614,7 +617,7 @@ class Connection:
         session: str | None = None,
         replicas: int = 0,
         refused: Callable[[Any], bool] | None = None,
-        after: Sequence[tuple[Any, ...]] = (),
+        after: Commands = (),
     ) -> Any:
         """Run a Lua script (by SHA, falling back to EVAL) with retries.
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ctxstore import _keys
 from ctxstore._codec import Reply, summary_message, text
+from ctxstore._connection import Commands
 from ctxstore._formats import entry_order
 from ctxstore._scope import Scope
 from ctxstore._scripts import SCRIPTS
@@ -36,7 +37,7 @@ from ctxstore.lease import clock_arg
 from ctxstore.models import ImportResult
 from ctxstore.tenancy import Limits, quota_error
 from ctxstore.tokens import count_message
-from ctxstore.writes import Commands, Writer
+from ctxstore.writes import Writer
 
 __all__ = ["REASONING_TIE", "StagedSession"]
 

@@ -35,6 +35,7 @@ from ctxstore._codec import (
     raw_pairs,
     text,
 )
+from ctxstore._connection import Commands
 from ctxstore._formats import entry_order
 from ctxstore._scope import Scope
 from ctxstore._scripts import SCRIPTS
@@ -52,7 +53,7 @@ from ctxstore.models import Checkpoint, ForkResult
 from ctxstore.summary import Summaries
 from ctxstore.summary_queue import Handoff
 from ctxstore.tenancy import RESERVATION_MS, Limits, Quotas, quota_error
-from ctxstore.writes import Commands, Writer
+from ctxstore.writes import Writer
 
 __all__ = ["Forks"]
 

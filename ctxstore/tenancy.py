@@ -13,15 +13,18 @@ its own round trips, and kept true by pruning sessions whose keys are gone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctxstore import _keys
 from ctxstore._codec import Meta, pairs, scored, text
+from ctxstore._connection import Commands
 from ctxstore._scope import Memo, Scope
 from ctxstore._scripts import SCRIPTS
 from ctxstore._validate import INT64, check_int
@@ -55,6 +58,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 LIMITS_TTL = 30.0
 """Seconds a tenant's limits are cached by a process."""
@@ -224,6 +229,30 @@ class TenantIndex:
             return None
         self._known.put(session, now)
         return ("ZADD", self.key, "XX", "GT", self._scope.wall_ms(), session)
+
+    async def touching(self, session: str, write: Callable[[Commands], Awaitable[T]]) -> T:
+        """Run ``write`` with the session's activity touch, when due (:meth:`touch_due`).
+
+        On a standalone Redis the touch rides in the write's round trip:
+        ``write`` gets it as the commands to send after its script. At a turn
+        every few seconds, each write would otherwise pay a round trip of its
+        own for it. In a cluster the index may live on another node: the touch
+        goes there in a round trip of its own, alongside the write's, and is
+        cancelled if the write fails.
+        """
+        touch = self.touch_due(session)
+        if touch is None:
+            return await write(())
+        if not self._scope.connection.cluster:
+            return await write((touch,))
+        sending = asyncio.create_task(self.send_touch(session, touch))
+        try:
+            result = await write(())
+        except BaseException:
+            sending.cancel()
+            raise
+        await sending  # best effort: it raises nothing of its own
+        return result
 
     async def send_touch(self, session: str, command: tuple[Any, ...]) -> None:
         """Send ``command`` (from :meth:`touch_due`) in a round trip of its own.

@@ -14,13 +14,13 @@ session does not exist.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ctxstore._codec import Kind, Meta, Reply, join_ids, text
+from ctxstore._connection import Commands
 from ctxstore._formats import REASONING, item_type
 from ctxstore._keys import SessionKeys
 from ctxstore._scope import Scope
@@ -62,9 +62,6 @@ __all__ = ["Writer"]
 _PROTECTED_ROLES = frozenset({"system", "developer"})
 
 _REFUSALS = frozenset({Reply.RESERVE, Reply.CONFLICT, Reply.QUOTA, Reply.LEASE_LOST})
-
-Commands = Sequence[tuple[Any, ...]]
-"""Redis commands, each as its arguments."""
 
 ListedWrite = Callable[[tuple[str, int], Commands], Awaitable[Any]]
 """A write run by ``Writer.listed``: given a reservation (or none) and commands to send after."""
@@ -294,32 +291,14 @@ class Writer:
         absent gives its reservation back and unlists it (unless another write
         may still create it).
 
-        The session's activity touch, when due (``TenantIndex.touch_due``),
-        rides in the write's round trip, right after it, on a standalone
-        Redis: at a turn every few seconds, each write would otherwise pay a
-        round trip of its own for it. In a cluster the index may live on
-        another node: the touch goes there in a round trip of its own,
-        alongside the write's.
+        The session's activity touch, when due, goes with the first run
+        (``TenantIndex.touching``).
 
         Raises:
             StoreUnavailableError: The write kept reaching Redis after its
                 reservation had run out (nothing was written).
         """
-        touch = self._index.touch_due(session)
-        after: Commands = ()
-        touching: asyncio.Task[None] | None = None
-        if touch is not None and self._scope.connection.cluster:
-            touching = asyncio.create_task(self._index.send_touch(session, touch))
-        elif touch is not None:
-            after = (touch,)
-        try:
-            reply = await run(NO_RESERVATION, after)
-        except BaseException:
-            if touching is not None:
-                touching.cancel()
-            raise
-        if touching is not None:
-            await touching  # best effort: it raises nothing of its own
+        reply = await self._index.touching(session, lambda after: run(NO_RESERVATION, after))
         reservation: Reservation | None = None
         for _ in range(RESERVE_ATTEMPTS):
             if text(reply[0]) != Reply.RESERVE:
