@@ -139,6 +139,8 @@ class Reply(StrEnum):
     """The session a fork or an import would create exists already."""
     BASE = "base"
     """The live log is empty and the history goes on in the chain: call again with its end."""
+    KEYS = "keys"
+    """An append's lean form was refused, nothing written: it needs the full form's keys."""
     EXPIRED = "expired"
     """A fork came too late to be written: the segments it reads are no longer kept for it."""
 

@@ -23,7 +23,7 @@ from ctxstore._codec import Kind, Meta, Reply, join_ids, text
 from ctxstore._connection import Commands
 from ctxstore._formats import REASONING, item_type
 from ctxstore._keys import SessionKeys
-from ctxstore._scope import Scope
+from ctxstore._scope import Memo, Scope
 from ctxstore._scripts import SCRIPTS
 from ctxstore._validate import (
     MAX_TTL_SECONDS,
@@ -61,7 +61,7 @@ __all__ = ["Writer"]
 
 _PROTECTED_ROLES = frozenset({"system", "developer"})
 
-_REFUSALS = frozenset({Reply.RESERVE, Reply.CONFLICT, Reply.QUOTA, Reply.LEASE_LOST})
+_REFUSALS = frozenset({Reply.RESERVE, Reply.CONFLICT, Reply.QUOTA, Reply.LEASE_LOST, Reply.KEYS})
 
 ListedWrite = Callable[[tuple[str, int], Commands], Awaitable[Any]]
 """A write run by ``Writer.listed``: given a reservation (or none) and commands to send after."""
@@ -122,6 +122,8 @@ class Writer:
         # (unique without a syscall per append, unlike a fresh random token).
         self._key_prefix = secrets.token_urlsafe(6) + "."
         self._key_counter = itertools.count()
+        # Sessions seen with a TTL of their own: their appends take the full form at once.
+        self._full: Memo[str, bool] = Memo()
 
     async def append(
         self,
@@ -145,47 +147,76 @@ class Writer:
         check_int(expected_seq, "expected_seq", low=0, optional=True, session=session)
         limits = await self._quotas.resolved(session)
         settings = self._scope.settings
-        args: list[Any] = [
+        head = (
             "" if expected_seq is None else expected_seq,
-            limits.ttl_arg,
             settings.idempotency_window,
             settings.summary_trigger_tokens,
             len(messages),
             int(settings.idempotency_seconds * 1000),
+        )
+        limited = (
+            limits.ttl_arg,
             limits.session_bytes,
             limits.session_tokens,
             limits.appends_per_second,
             limits.append_burst,
-        ]
+        )
         entries = self._entries(session, messages, limits, pinned=pinned)
+        args: list[Any] = []
         for entry, key in zip(entries, idem, strict=True):
             data, tokens, *rest = entry
             args.extend((data, tokens, key, *rest))
         now = clock_arg(self._scope.clock)
+        # The script's lean form (see append.lua) when nothing known asks for the full one:
+        # no default TTL, quota or injected clock, no system or pinned message, and the
+        # session not seen with a TTL of its own.
+        lean = (
+            not (limits.ttl_ms or limits.session_bytes or limits.session_tokens)
+            and not limits.appends_per_second
+            and now == ""
+            and all(entry[2] == "" for entry in entries)
+        )
+        lean_keys = (keys.log, keys.meta, keys.idem, keys.idem_old)
+        full_keys = (
+            *lean_keys,
+            keys.keep,
+            keys.gone,
+            keys.view,
+            keys.anchor,
+            keys.index,
+            keys.checkpoints,
+            keys.checkpoint_summaries,
+            keys.branches,
+        )
+        connection = self._scope.connection
 
         async def run(reservation: tuple[str, int], after: Commands) -> Any:
-            return await self._scope.connection.script(
+            if lean and reservation == NO_RESERVATION and session not in self._full:
+                reply = await connection.script(
+                    SCRIPTS.append,
+                    lean_keys,
+                    (*head, *args),
+                    session=session,
+                    replicas=settings.replica_acks,
+                    refused=_refused,
+                    after=after,
+                )
+                if text(reply[0]) != Reply.KEYS:
+                    return reply
+                self._full.put(session, True)  # it has a TTL of its own
+                after = ()  # sent with the lean form already
+            reply = await connection.script(
                 SCRIPTS.append,
-                (
-                    keys.log,
-                    keys.meta,
-                    keys.idem,
-                    keys.idem_old,
-                    keys.keep,
-                    keys.view,
-                    keys.gone,
-                    keys.anchor,
-                    keys.index,
-                    keys.checkpoints,
-                    keys.checkpoint_summaries,
-                    keys.branches,
-                ),
-                (*args[:10], *reservation, now, *args[10:]),
+                full_keys,
+                (*head, *limited, *reservation, now, *args),
                 session=session,
                 replicas=settings.replica_acks,
                 refused=_refused,
                 after=after,
             )
+            if text(reply[0]) == Reply.OK and not reply[4]:
+                self._full.discard(session)  # no TTL (any longer)
+            return reply
 
         reply = await self.listed(session, limits, run)
         if text(reply[0]) != Reply.OK:
@@ -450,6 +481,10 @@ class Writer:
             raise SessionNotFoundError(
                 "no such session", tenant=self._scope.tenant, session=session
             )
+        if ttl_ms:  # this pod's appends take the full form at once
+            self._full.put(session, True)
+        else:
+            self._full.discard(session)
         if chain[0]:
             await self._lineage.keep_alive(session, chain[0], ttl_ms, now=True)
 

@@ -361,3 +361,93 @@ async def test_a_late_touch_never_moves_a_session_s_activity_back(
         await b.append("s", turn(2))  # b's first write: due, 3 s before a's touch
         assert await raw_redis.zscore(index, "s") == on_time.now_ms()
         assert len((await a.read("s")).messages) == 3
+
+
+def sent_scripts(store: ContextStore, script: Script) -> list[tuple[int, int]]:
+    """Record each run of ``script`` the store sends, as (keys, arguments)."""
+    real = store._connection.node_call
+    runs: list[tuple[int, int]] = []
+
+    async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+        for command in commands:
+            if command[0] in ("EVALSHA", "EVAL") and command[1] in (script.sha, script.source):
+                runs.append((int(command[2]), len(command) - 3 - int(command[2])))
+        return await real(key, commands, **kwargs)
+
+    store._connection.node_call = node_call  # type: ignore[method-assign]
+    return runs
+
+
+async def test_a_steady_append_declares_only_the_keys_it_touches(
+    store: ContextStore, settings: Settings, raw_redis: Redis
+) -> None:
+    """The lean form: 4 keys and 5 arguments before the message's 8; the full one otherwise."""
+    await store.append("s", turn(0))  # creates s: the full form, under a reservation
+    runs = sent_scripts(store, SCRIPTS.append)
+    await store.append("s", turn(1))
+    await store.append_many("s", [turn(2), turn(3)])
+    assert runs == [(4, 5 + 8), (4, 5 + 16)]
+    runs.clear()
+    await store.append("s", {"role": "system", "content": "be brief"})  # its keep copy
+    assert runs == [(12, 13 + 8)]
+    assert len(await raw_redis.hgetall(store.keys("s").keep)) == 1  # its copy, views read
+    assert [m.message for m in (await store.read("s")).messages][:4] == [turn(n) for n in range(4)]
+
+
+async def test_a_ttl_set_by_another_pod_moves_every_key_s_expiry_on_the_next_append(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """The lean form is refused with nothing written; the full form then writes once."""
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(settings, tenant=tenant) as other,
+    ):
+        await pod.append("s", turn(0))
+        await pod.checkpoint("s")  # a key only the full form declares
+        await pod.append("s", turn(1))
+        await other.set_ttl("s", 600)
+        keys = pod.keys("s")
+        for key in (keys.checkpoints, keys.log, keys.meta):
+            await raw_redis.pexpire(key, 1_000)  # as if time had passed since the TTL was set
+        runs = sent_scripts(pod, SCRIPTS.append)
+        [result] = await pod.append_many("s", [turn(2)])
+        assert runs == [(4, 5 + 8), (12, 13 + 8)]
+        assert result.seq == 3 and not result.duplicate
+        for key in (keys.checkpoints, keys.log, keys.meta):
+            assert await raw_redis.pttl(key) > 500_000, key
+        runs.clear()
+        await pod.append("s", turn(3))  # known now: the full form at once
+        assert runs == [(12, 13 + 8)]
+        await other.set_ttl("s", None)
+        runs.clear()
+        await pod.append("s", turn(4))  # full (the reply says: no TTL), then lean again
+        await pod.append("s", turn(5))
+        assert runs == [(12, 13 + 8), (4, 5 + 8)]
+        assert await raw_redis.pttl(keys.log) == -1
+        assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(6)]
+
+
+async def test_the_lean_form_writes_nothing_when_it_needs_the_full_one(
+    store: ContextStore, raw_redis: Redis
+) -> None:
+    """Sent by hand: a system message, and a session with a TTL, are refused with {'keys'}."""
+    await store.append("s", turn(0))
+    keys = store.keys("s")
+    sha = await raw_redis.script_load(SCRIPTS.append.source)
+    lean_keys = (keys.log, keys.meta, keys.idem, keys.idem_old)
+    head = ("", 100, 0, 1, 60_000)  # expected seq, window, threshold, n, period
+
+    async def lean(kind: str) -> Any:
+        message = ('{"role":"system","content":"x"}', 3, "k1", kind, "", "", "", 0)
+        return await raw_redis.evalsha(sha, 4, *lean_keys, *head, *message)  # type: ignore[misc]
+
+    async def state() -> Any:
+        return await raw_redis.xlen(keys.log), await raw_redis.hgetall(keys.meta)
+
+    before = await state()
+    assert await lean("s") == [b"keys"]  # its keep copy is a key the lean form lacks
+    await store.set_ttl("s", 600)
+    assert await lean("") == [b"keys"]  # every key's expiry must move
+    after = await state()
+    assert after[0] == before[0] and after[1] == {**before[1], b"ttl": b"600000"}
+    assert not await raw_redis.hexists(keys.idem, "k1")

@@ -1,22 +1,30 @@
 -- append: add messages to a session, in one step, without a lock.
 --
+-- Two forms. The full form declares 12 keys and 13 arguments before the messages; the
+-- lean form, the steady state of most sessions, only the first 4 keys and 5 arguments
+-- (each argument costs Redis some 2,000 instructions, a plain XADD all told 17,500). The
+-- lean form is refused with {'keys'}, nothing written, when the write needs more: the
+-- session has a TTL (every key's expiry moves), or a message is system or pinned.
+--
 -- KEYS[1] log    stream, one entry per message
 -- KEYS[2] meta   hash: epoch, seq, count, tokens, first/last id, watermark...
 -- KEYS[3] idem   hash: idempotency key -> "entry-id seq epoch" (current generation)
 -- KEYS[4] idem_old  the previous generation of idem
+-- the full form only:
 -- KEYS[5] keep   hash: entry id -> header and copy of each message every view sends
--- KEYS[6] view   the cached summary (only its TTL is touched here)
--- KEYS[7] gone   a deleted session's tombstone: "epoch seq [rate_tokens rate_at]"
+-- KEYS[6] gone   a deleted session's tombstone: "epoch seq [rate_tokens rate_at]"
+-- KEYS[7] view   the cached summary (only its TTL is touched here)
 -- KEYS[8] anchor the views' anchors (only its TTL is touched here)
 -- KEYS[9] index  the search index (only its TTL is touched here)
 -- KEYS[10] checkpoints, KEYS[11] checkpoint summaries, KEYS[12] branches (TTLs only)
 -- ARGV[1] expected seq, or '' to append unconditionally
--- ARGV[2] default TTL in ms, or '' (a TTL set on the session wins)
--- ARGV[3] idempotency window: keys per generation, at most
--- ARGV[4] summary threshold: tokens past the watermark that make a summary due (0: never)
--- ARGV[5] n, the number of messages
--- ARGV[6] idempotency period (ms): a generation also ends after this long; it
+-- ARGV[2] idempotency window: keys per generation, at most
+-- ARGV[3] summary threshold: tokens past the watermark that make a summary due (0: never)
+-- ARGV[4] n, the number of messages
+-- ARGV[5] idempotency period (ms): a generation also ends after this long; it
 --         expires two periods after it began (one after it ends, once renamed old)
+-- the full form only (the lean form has no TTL, quota, reservation or clock):
+-- ARGV[6] default TTL in ms, or '' (a TTL set on the session wins)
 -- ARGV[7] quota: the most bytes in the session (0: none)
 -- ARGV[8] quota: the most tokens in the session (0: none)
 -- ARGV[9] quota: appends per second for the session (0: none)
@@ -41,20 +49,35 @@
 --
 -- Returns {'ok', due_generation, created 0/1, the session's chain ('' for none: lineage.py),
 --      its TTL in ms ('' for none), (entry id, seq, epoch, duplicate 0/1) per message},
---      {'conflict', current seq, fresh 0/1, now}, {'quota', name, limit, value, fresh, now}
---      or {'reserve'} (no live reservation for a session this would create).
+--      {'conflict', current seq, fresh 0/1, now}, {'quota', name, limit, value, fresh, now},
+--      {'reserve'} (no live reservation for a session this would create) or {'keys'}
+--      (the lean form, for a write that needs the full one).
 
 local PER = 8
-local FIRST = 13  -- ARGV index before the first message's arguments
+local lean = #KEYS == 4
+local FIRST = lean and 5 or 13  -- ARGV index before the first message's arguments
+-- The full form's arguments, as the lean form stands for them.
+local default_ttl, quota_bytes, quota_tokens, quota_rate, quota_burst, rsv, deadline, clock
+if lean then
+  default_ttl, quota_bytes, quota_tokens, quota_rate = '', '0', '0', '0'
+  rsv, deadline, clock = '', '0', ''
+else
+  default_ttl, quota_bytes, quota_tokens, quota_rate = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+  quota_burst, rsv, deadline, clock = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+end
 -- Each field read costs some 2,500 instructions: 'idle' is read only when a summary may be due.
 local meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
                         'wm_tokens', 'sq', 'first_id', 'idem_since', 'bytes', 'chain')
-local seq = tonumber(meta[1])
-local epoch = tonumber(meta[2]) or 0
-local count = tonumber(meta[3]) or 0
-local tokens = tonumber(meta[4]) or 0
-local idem_n = tonumber(meta[6]) or 0
-local n = tonumber(ARGV[5])
+-- Numbers from strings by arithmetic, not tonumber(), which parses each twice.
+local seq = nil  -- none: the session does not exist
+if meta[1] then seq = meta[1] + 0 end
+local epoch = (meta[2] or 0) + 0
+local count = (meta[3] or 0) + 0
+local tokens = (meta[4] or 0) + 0
+local idem_n = (meta[6] or 0) + 0
+local n = ARGV[4] + 0
+local ttl = tonumber(meta[5]) or tonumber(default_ttl)
+if lean and ttl and ttl > 0 then return {'keys'} end  -- every key's expiry must move
 
 local seen = {}
 local fresh = 0
@@ -71,19 +94,20 @@ local creating = seq == nil and fresh > 0
 local now = nil
 local bucket = nil
 if creating then
-  now = now_ms(ARGV[13])
+  now = now_ms(clock)
   local refusal
-  refusal, epoch, seq, bucket = creation(KEYS[7], ARGV[11], ARGV[12], now)
+  -- With no reservation (as in the lean form) this is refused before `gone` is read.
+  refusal, epoch, seq, bucket = creation(KEYS[6], rsv, deadline, now)
   if refusal then return refusal end
 end
 seq = seq or 0
 local is_new = creating and 1 or 0
 
-if fresh > 0 and ARGV[1] ~= '' and tonumber(ARGV[1]) ~= seq then
-  return {'conflict', seq, is_new, now or now_ms(ARGV[13])}
+if fresh > 0 and ARGV[1] ~= '' and ARGV[1] + 0 ~= seq then
+  return {'conflict', seq, is_new, now or now_ms(clock)}
 end
 
-local bytes = tonumber(meta[11]) or 0
+local bytes = (meta[11] or 0) + 0
 if fresh > 0 then
   local new_bytes, new_tokens = 0, 0
   for i = 1, n do
@@ -91,36 +115,38 @@ if fresh > 0 then
       local base = FIRST + (i - 1) * PER
       local size = #ARGV[base + 1]
       -- A system or pinned message is stored twice: in the stream and as its keep copy.
-      if ARGV[base + 4] ~= '' then size = size * 2 end
+      if ARGV[base + 4] ~= '' then
+        if lean then return {'keys'} end  -- the keep hash is the full form's
+        size = size * 2
+      end
       size = size + #ARGV[base + 7]  -- and a large tool result's preview beside it
       new_bytes = new_bytes + size
-      new_tokens = new_tokens + tonumber(ARGV[base + 2])
+      new_tokens = new_tokens + ARGV[base + 2]
     end
   end
   -- A quota of 0 is none: most sessions have none, and skip the arithmetic.
   local refusal = nil
-  if ARGV[7] ~= '0' or ARGV[8] ~= '0' then
+  if quota_bytes ~= '0' or quota_tokens ~= '0' then
     refusal = size_refusal(bytes + new_bytes, tokens + new_tokens,
-                           tonumber(ARGV[7]), tonumber(ARGV[8]))
+                           tonumber(quota_bytes), tonumber(quota_tokens))
   end
-  if not refusal and ARGV[9] ~= '0' then
-    refusal = take_rate(KEYS[2], fresh, tonumber(ARGV[9]), tonumber(ARGV[10]), bucket)
+  if not refusal and quota_rate ~= '0' then
+    refusal = take_rate(KEYS[2], fresh, tonumber(quota_rate), tonumber(quota_burst), bucket)
   end
   if refusal then
     table.insert(refusal, is_new)
-    table.insert(refusal, now or now_ms(ARGV[13]))
+    table.insert(refusal, now or now_ms(clock))
     return refusal
   end
   bytes = bytes + new_bytes
 end
 
-if creating then created(KEYS[2], KEYS[7], ARGV[11]) end
+if creating then created(KEYS[2], KEYS[6], rsv) end
 
-local window = tonumber(ARGV[3])
-local period = tonumber(ARGV[6])
-local since = tonumber(meta[10]) or 0
+local window = ARGV[2] + 0
+local period = ARGV[5] + 0
+local since = (meta[10] or 0) + 0
 local since_changed = false
-local ttl = tonumber(meta[5]) or tonumber(ARGV[2])
 local out = {'ok', 0, is_new, meta[12] or '', ttl or ''}
 local o = 5  -- the last index of `out` set
 local answers = false  -- a new message answers a tool call: an open exchange may be closed
@@ -139,7 +165,7 @@ for i = 1, n do
     out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, tonumber(s), tonumber(e), 1
     o = o + 4
   else
-    local t = tonumber(ARGV[base + 2])
+    local t = ARGV[base + 2] + 0
     seq = seq + 1
     count = count + 1
     tokens = tokens + t
@@ -151,7 +177,7 @@ for i = 1, n do
     kept = kept or ARGV[base + 4] ~= ''
     if not first_id or first_id == '' then first_id, first_changed = id, true end
     last_id = id
-    local at = tonumber(string.match(id, '^(%d+)'))
+    local at = string.match(id, '^(%d+)') + 0
     if idem_n >= window or at - since >= period then
       -- Rotate in O(1): keys are remembered for at least one period (or one
       -- window of appends), and at most two.
@@ -185,8 +211,8 @@ end
 -- The keep hash's version: a pod's cached view reads the protected copies again.
 if kept then redis.call('HINCRBY', KEYS[2], 'kv', 1) end
 
-local threshold = tonumber(ARGV[4])
-if threshold > 0 and meta[8] ~= '1' and tokens - (tonumber(meta[7]) or 0) >= threshold then
+local threshold = ARGV[3] + 0
+if threshold > 0 and meta[8] ~= '1' and tokens - (meta[7] or 0) >= threshold then
   -- After a job that could cover nothing, only what may change that: a tool
   -- result (an open exchange closed), or half a threshold of new tokens.
   local idle = tonumber(redis.call('HGET', KEYS[2], 'idle'))
@@ -197,6 +223,6 @@ if threshold > 0 and meta[8] ~= '1' and tokens - (tonumber(meta[7]) or 0) >= thr
 end
 
 if ttl and ttl > 0 then
-  for _, k in ipairs({1, 2, 5, 6, 8, 9, 10, 11, 12}) do redis.call('PEXPIRE', KEYS[k], ttl) end
+  for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PEXPIRE', KEYS[k], ttl) end
 end
 return out
