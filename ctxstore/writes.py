@@ -214,8 +214,11 @@ class Writer:
                 refused=_refused,
                 after=after,
             )
-            if text(reply[0]) == Reply.OK and not reply[4]:
-                self._full.discard(session)  # no TTL (any longer)
+            if text(reply[0]) == Reply.OK:  # the session's TTL, as the script found it
+                if reply[4]:
+                    self._full.put(session, True)
+                else:
+                    self._full.discard(session)
             return reply
 
         reply = await self.listed(session, limits, run)

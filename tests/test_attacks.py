@@ -114,7 +114,7 @@ def _applied(reply: Any) -> bool:
     """True unless the reply is an error or a write script's refusal (nothing was written)."""
     if isinstance(reply, Exception):
         return False
-    refusals = (b"conflict", b"quota", b"reserve", b"lease_lost", b"stale")
+    refusals = (b"conflict", b"quota", b"reserve", b"lease_lost", b"stale", b"keys")
     return not (isinstance(reply, list) and reply and reply[0] in refusals)
 
 

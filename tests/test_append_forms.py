@@ -1,0 +1,536 @@
+"""append.lua's two forms: the lean one (4 keys, 5 arguments) and the full one.
+
+A pod sends the lean form when it knows of no TTL, quota, clock, reservation or
+protected message; the script refuses it with ``{'keys'}`` (nothing written) when the
+session has a TTL of its own, and the pod re-sends the full form. These tests drive
+the cases the pod cannot know of (another pod's writes), lost replies on either send,
+the Functions mode, and check that the lean form touches only the keys it declares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from conftest import BACKENDS
+from helpers import system, turn
+from redis import exceptions as rex
+from redis.asyncio import Redis
+from servers import Monitor, ServerPool
+from test_scripts import script_calls, undeclared
+
+from ctxstore import ConflictError, ContextStore, Settings
+from ctxstore._scripts import SCRIPTS
+
+FULL, LEAN = (12, 13), (4, 5)
+"""An append's form: its keys, and its arguments before the messages' (8 each)."""
+
+
+def sent(store: ContextStore) -> list[tuple[int, int]]:
+    """Record the form of each append the store sends (EVALSHA, EVAL or FCALL)."""
+    real = store._connection.node_call
+    names = {SCRIPTS.append.sha, SCRIPTS.append.source, SCRIPTS.append.function}
+    runs: list[tuple[int, int]] = []
+
+    async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+        for command in commands:
+            if command[0] in ("EVALSHA", "EVAL", "FCALL") and command[1] in names:
+                keys = int(command[2])
+                argv = command[3 + keys :]
+                runs.append((keys, len(argv) - 8 * int(argv[3])))  # ARGV[4]: the messages
+        return await real(key, commands, **kwargs)
+
+    store._connection.node_call = node_call  # type: ignore[method-assign]
+    return runs
+
+
+def lose_reply(
+    store: ContextStore, form: tuple[int, int], between: Callable[[], Awaitable[Any]] | None = None
+) -> list[bool]:
+    """Lose the first reply of an append of ``form`` that wrote.
+
+    A ``{'keys'}`` or any other refusal is not lost: the point is a write Redis applied.
+    """
+    real = store._connection.node_call
+    names = {SCRIPTS.append.sha, SCRIPTS.append.source, SCRIPTS.append.function}
+    dropped: list[bool] = []
+
+    async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+        replies = await real(key, commands, **kwargs)
+        first = commands[0]
+        if (
+            not dropped
+            and first[0] in ("EVALSHA", "EVAL", "FCALL")
+            and first[1] in names
+            and int(first[2]) == form[0]
+            and isinstance(replies[0], list)
+            and replies[0][0] == b"ok"
+        ):
+            dropped.append(True)
+            if between is not None:
+                await between()
+            raise rex.ConnectionError("the reply was lost after Redis applied the script")
+        return replies
+
+    store._connection.node_call = node_call  # type: ignore[method-assign]
+    return dropped
+
+
+async def every_key_expires(raw: Redis, store: ContextStore, session: str, above: int) -> None:
+    """Each of the session's keys that exists expires, in more than ``above`` ms."""
+    keys = store.keys(session)
+    for key in (
+        keys.log,
+        keys.meta,
+        keys.keep,
+        keys.view,
+        keys.anchor,
+        keys.index,
+        keys.checkpoints,
+        keys.checkpoint_summaries,
+        keys.branches,
+    ):
+        if await raw.exists(key):
+            assert await raw.pttl(key) > above, key
+
+
+async def shorten(raw: Redis, store: ContextStore, session: str) -> None:
+    """As if time had passed since the TTL was set: every key of the session expires soon."""
+    keys = store.keys(session)
+    for key in (keys.log, keys.meta, keys.keep, keys.checkpoints, keys.checkpoint_summaries):
+        if await raw.exists(key):
+            await raw.pexpire(key, 5_000)
+
+
+# -- the form each append takes ------------------------------------------------------------
+
+
+async def test_a_steady_append_declares_only_the_keys_it_touches(
+    store: ContextStore, settings: Settings, raw_redis: Redis
+) -> None:
+    """The lean form: 4 keys and 5 arguments before the message's 8; the full one otherwise."""
+    await store.append("s", turn(0))  # creates s: the full form, under a reservation
+    runs = sent(store)
+    await store.append("s", turn(1))
+    await store.append_many("s", [turn(2), turn(3)])
+    assert runs == [LEAN, LEAN]
+    runs.clear()
+    await store.append("s", {"role": "system", "content": "be brief"})  # its keep copy
+    assert runs == [FULL]
+    assert len(await raw_redis.hgetall(store.keys("s").keep)) == 1  # its copy, views read
+    assert [m.message for m in (await store.read("s")).messages][:4] == [turn(n) for n in range(4)]
+
+
+async def test_a_ttl_set_by_another_pod_moves_every_key_s_expiry_on_the_next_append(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """The lean form is refused with nothing written; the full form then writes once."""
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(settings, tenant=tenant) as other,
+    ):
+        await pod.append("s", turn(0))
+        await pod.checkpoint("s")  # a key only the full form declares
+        await pod.append("s", turn(1))
+        await other.set_ttl("s", 600)
+        keys = pod.keys("s")
+        for key in (keys.checkpoints, keys.log, keys.meta):
+            await raw_redis.pexpire(key, 1_000)  # as if time had passed since the TTL was set
+        runs = sent(pod)
+        [result] = await pod.append_many("s", [turn(2)])
+        assert runs == [LEAN, FULL]
+        assert result.seq == 3 and not result.duplicate
+        for key in (keys.checkpoints, keys.log, keys.meta):
+            assert await raw_redis.pttl(key) > 500_000, key
+        runs.clear()
+        await pod.append("s", turn(3))  # known now: the full form at once
+        assert runs == [FULL]
+        await other.set_ttl("s", None)
+        runs.clear()
+        await pod.append("s", turn(4))  # full (the reply says: no TTL), then lean again
+        await pod.append("s", turn(5))
+        assert runs == [FULL, LEAN]
+        assert await raw_redis.pttl(keys.log) == -1
+        assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(6)]
+
+
+async def test_the_lean_form_writes_nothing_when_it_needs_the_full_one(
+    store: ContextStore, raw_redis: Redis
+) -> None:
+    """Sent by hand: a system message, and a session with a TTL, are refused with {'keys'}."""
+    await store.append("s", turn(0))
+    keys = store.keys("s")
+    sha = await raw_redis.script_load(SCRIPTS.append.source)
+    lean_keys = (keys.log, keys.meta, keys.idem, keys.idem_old)
+    head = ("", 100, 0, 1, 60_000)  # expected seq, window, threshold, n, period
+
+    async def lean(kind: str) -> Any:
+        message = ('{"role":"system","content":"x"}', 3, "k1", kind, "", "", "", 0)
+        return await raw_redis.evalsha(sha, 4, *lean_keys, *head, *message)  # type: ignore[misc]
+
+    async def state() -> Any:
+        return await raw_redis.xlen(keys.log), await raw_redis.hgetall(keys.meta)
+
+    before = await state()
+    assert await lean("s") == [b"keys"]  # its keep copy is a key the lean form lacks
+    await store.set_ttl("s", 600)
+    assert await lean("") == [b"keys"]  # every key's expiry must move
+    after = await state()
+    assert after[0] == before[0] and after[1] == {**before[1], b"ttl": b"600000"}
+    assert not await raw_redis.hexists(keys.idem, "k1")
+
+
+# -- lost replies on either send ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+async def test_a_lost_reply_of_the_full_send_after_a_lean_refusal_is_answered_once(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Lean refused (another pod's TTL), the full form applied and its reply lost: one entry."""
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(settings, tenant=tenant) as other,
+    ):
+        first = await pod.append("s", turn(0))
+        await pod.append("s", turn(1))
+        await pod.checkpoint("s")
+        await pod.rewind("s", first.entry_id)  # a branch
+        await pod.append("s", turn(1))
+        await pod.view("s", token_budget=2_000, model="m")  # its anchor
+        assert await pod.search("s", "fox") is not None  # the search index
+        keys = pod.keys("s")
+        for key in (keys.view, keys.anchor):  # as a summary job and a budgeted view leave them
+            if not await raw_redis.exists(key):
+                await raw_redis.hset(key, "x", "y")  # type: ignore[misc]
+        for key in (keys.branches, keys.checkpoints, keys.view, keys.anchor, keys.index):
+            assert await raw_redis.exists(key), key
+        await other.set_ttl("s", 600)
+        for key in (keys.branches, keys.view, keys.anchor, keys.index):
+            await raw_redis.pexpire(key, 5_000)
+        await shorten(raw_redis, pod, "s")
+        runs = sent(pod)
+        dropped = lose_reply(pod, FULL)
+        result = await pod.append("s", turn(2))
+        assert dropped == [True]
+        assert runs == [LEAN, FULL, FULL]  # the retry is the full form again
+        assert result.duplicate
+        assert [m.message for m in (await pod.read("s")).messages] == [turn(0), turn(1), turn(2)]
+        await every_key_expires(raw_redis, pod, "s", 500_000)
+
+
+async def test_a_lost_lean_reply_retried_after_another_pod_set_a_ttl_is_answered_once(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Lean applied, reply lost, another pod sets a TTL: the retry is refused lean, then full."""
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(settings, tenant=tenant) as other,
+    ):
+        await pod.append("s", turn(0))
+        runs = sent(pod)
+        dropped = lose_reply(pod, LEAN, lambda: other.set_ttl("s", 600))
+        result = await pod.append("s", turn(1))
+        assert dropped == [True]
+        assert runs == [LEAN, LEAN, FULL]
+        assert (result.seq, result.duplicate) == (2, True)
+        assert [m.message for m in (await pod.read("s")).messages] == [turn(0), turn(1)]
+        await every_key_expires(raw_redis, pod, "s", 500_000)
+        runs.clear()
+        await pod.append("s", turn(2))  # memoized: the full form at once
+        assert runs == [FULL]
+
+
+async def test_the_attack_suites_lost_reply_is_of_an_applied_append_not_of_a_lean_refusal(
+    settings: Settings, tenant: str, raw_redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """test_attacks.drop_reply loses "a reply Redis applied": a {'keys'} refusal wrote nothing.
+
+    Its ``_applied`` knows the refusals conflict, quota, reserve, lease_lost and stale, not
+    keys: on a session with a TTL another pod set, it drops the lean form's refusal and
+    runs ``between`` before the append is written (the retry then writes it after,
+    not as a duplicate), so a test built on it (the soak machine's
+    append_whose_reply_is_lost, say) checks another race than it says.
+    """
+    from test_attacks import drop_reply
+
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(settings, tenant=tenant) as other,
+    ):
+        await pod.append("s", turn(0))
+        await other.set_ttl("s", 600)
+        written: list[int] = []
+
+        async def between() -> None:
+            written.append(await raw_redis.xlen(pod.keys("s").log))
+
+        dropped = drop_reply(pod, monkeypatch, SCRIPTS.append, between)
+        result = await pod.append("s", turn(1))
+        assert dropped == [True]
+        assert written == [2]  # the append was applied when its reply was lost
+        assert result.duplicate
+
+
+# -- other pods' writes the pod cannot know of ---------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+async def test_a_session_deleted_and_written_again_with_a_ttl_by_another_pod(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """The lean form finds no session (refused: a reservation), then one with a TTL (refused)."""
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(settings, tenant=tenant) as other,
+    ):
+        await pod.append_many("s", [turn(0), turn(1)])
+        await other.delete("s")
+        runs = sent(pod)
+        recreated = await pod.append("s", turn(2))  # lean: refused, reserve; full: creates
+        assert runs == [LEAN, FULL]
+        assert (recreated.epoch, recreated.seq) == (1, 4)  # the tombstone's, read by the full
+        await other.delete("s")
+        await other.append("s", turn(3))
+        await other.set_ttl("s", 600)
+        await other.checkpoint("s")
+        await other.append("s", system())  # a keep copy
+        await shorten(raw_redis, pod, "s")
+        runs.clear()
+        result = await pod.append("s", turn(4))
+        assert runs == [LEAN, FULL]
+        assert (result.epoch, result.seq) == (2, 8)
+        await every_key_expires(raw_redis, pod, "s", 500_000)
+        # ...and once more deleted and written again without one: the pod goes lean again.
+        await other.delete("s")
+        await other.append("s", turn(5))
+        runs.clear()
+        await pod.append("s", turn(6))
+        await pod.append("s", turn(7))
+        assert runs == [FULL, LEAN]
+        assert await raw_redis.pttl(pod.keys("s").log) == -1
+
+
+async def test_a_ttl_removed_by_another_pod_is_kept_removed_by_the_full_form(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """set_ttl(None) elsewhere: this pod's full form (it memoized a TTL) sets no expiry."""
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(settings, tenant=tenant) as other,
+    ):
+        await pod.append("s", turn(0))
+        await pod.set_ttl("s", 600)
+        await other.set_ttl("s", None)
+        runs = sent(pod)
+        await pod.append("s", turn(1))
+        await pod.append("s", turn(2))
+        assert runs == [FULL, LEAN]
+        for key in (pod.keys("s").log, pod.keys("s").meta):
+            assert await raw_redis.pttl(key) == -1, key
+
+
+async def test_an_own_never_beats_a_default_ttl_and_a_pod_without_the_default_goes_lean(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """An own TTL of 0 ("never") beats the default: the full form sets no expiry either.
+
+    A pod whose settings have no default TTL sends the lean form to a session another
+    pod's default gave an expiry: neither moves it (before the two forms, its full form
+    sent no default either). The same holds for 30 s (LIMITS_TTL) after an operator sets
+    a tenant's TTL or quotas elsewhere: a pod's cached limits decide, in both forms.
+    """
+    defaulted = settings.model_copy(update={"session_ttl_seconds": 600})
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(defaulted, tenant=tenant) as other,
+    ):
+        await pod.append("s", turn(0))
+        await other.set_ttl("s", None)
+        runs = sent(other)
+        await other.append("s", turn(1))  # a default TTL: always the full form
+        assert runs == [FULL]
+        assert await raw_redis.pttl(pod.keys("s").log) == -1
+        await other.append("t", turn(0))  # a new session: the default applies
+        runs = sent(pod)
+        await pod.append("t", turn(1))  # this pod has no default: lean, nothing moved
+        assert runs == [LEAN]
+        assert await raw_redis.pttl(pod.keys("t").log) > 0
+
+
+async def test_conflicts_in_both_forms(settings: Settings, tenant: str, raw_redis: Redis) -> None:
+    """A stale expected_seq is refused in the lean form, and in the full one after a refusal."""
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(settings, tenant=tenant) as other,
+    ):
+        await pod.append_many("s", [turn(0), turn(1)])
+        runs = sent(pod)
+        with pytest.raises(ConflictError):
+            await pod.append("s", turn(2), expected_seq=1)
+        assert runs == [LEAN]
+        await other.set_ttl("s", 600)
+        runs.clear()
+        with pytest.raises(ConflictError):
+            await pod.append("s", turn(2), expected_seq=1)
+        assert runs == [LEAN, FULL]
+        assert await pod.append("s", turn(2), expected_seq=2)
+        assert await raw_redis.xlen(pod.keys("s").log) == 3
+
+
+# -- Redis Functions ----------------------------------------------------------------------
+
+
+async def test_both_forms_as_functions(servers: ServerPool) -> None:
+    """FCALL: the lean form, its refusal on another pod's TTL, the full form, then lean again."""
+    server = servers.start()
+    settings = Settings(
+        redis_url=server.url(), script_mode="functions", key_prefix="fn", queue_name="fn:q"
+    )
+    async with (
+        ContextStore.from_settings(settings, tenant="acme") as pod,
+        ContextStore.from_settings(settings, tenant="acme") as other,
+    ):
+        await pod._connection.load_functions()
+        await pod.append("s", turn(0))
+        await pod.checkpoint("s")
+        runs = sent(pod)
+        await pod.append("s", turn(1))
+        await other.set_ttl("s", 600)
+        raw = Redis.from_url(server.url())
+        try:
+            await shorten(raw, pod, "s")
+            result = await pod.append("s", turn(2))
+            assert (result.seq, result.duplicate) == (3, False)
+            await every_key_expires(raw, pod, "s", 500_000)
+            await other.set_ttl("s", None)
+            await pod.append("s", turn(3))
+            await pod.append("s", turn(4))
+            assert runs == [LEAN, LEAN, FULL, FULL, LEAN]
+            assert await raw.pttl(pod.keys("s").log) == -1
+        finally:
+            await raw.aclose()
+        assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(5)]
+
+
+# -- declared keys ------------------------------------------------------------------------
+
+
+async def test_the_lean_form_touches_only_the_keys_it_declares(servers: ServerPool) -> None:
+    """Under MONITOR: rotation, a due summary, duplicates, conflicts, refusals, all lean."""
+    server = servers.start()
+    settings = Settings(
+        redis_url=server.url(),
+        key_prefix="lk",
+        queue_name="lk:q",
+        idempotency_window=2,  # RENAME of idem to idem_old
+        summary_trigger_tokens=100,  # next_generation
+        summary_keep_tokens=20,
+    )
+    async with (
+        ContextStore.from_settings(settings, tenant="acme") as pod,
+        ContextStore.from_settings(settings, tenant="acme") as other,
+    ):
+        await pod.append("s", turn(0))
+        await pod.checkpoint("s")
+        async with Monitor(server.port) as monitor:
+            for n in range(1, 7):
+                await pod.append("s", turn(n), idempotency_key=f"k{n}")
+            await pod.append("s", turn(6), idempotency_key="k6")  # a duplicate
+            with pytest.raises(ConflictError):
+                await pod.append("s", turn(7), expected_seq=1)
+            await other.delete("s")
+            await pod.append("s", turn(6), idempotency_key="k6")  # deleted: still a duplicate
+            await pod.append("s", turn(7))  # lean refused (no reservation), then full
+            await other.set_ttl("s", 600)
+            await pod.append("s", turn(8))  # lean refused (a TTL), then full
+            calls = script_calls(await monitor.drain())
+    admin = Redis.from_url(server.url())
+    try:
+        bad, checked = await undeclared(admin, calls)
+    finally:
+        await admin.aclose()
+    append = (SCRIPTS.append.sha.encode(), SCRIPTS.append.source)
+    lean = [c for c in calls if c.sha_or_body in append and len(c.declared) == LEAN[0]]
+    assert len(lean) == 11
+    assert any(command[0] == b"RENAME" for c in lean for command in c.inner)
+    assert checked > 50
+    assert bad == []
+
+
+# -- the three-pod machine, with the lean form ---------------------------------------------
+
+
+def leanify(store: ContextStore, sent: list[bytes]) -> None:
+    """Send an append the lean way whenever the script would take it, whatever the clock.
+
+    The machine's pods run on a ManualClock, and a pod with an injected clock always
+    sends the full form: this tries the lean form first as the client would (no default
+    TTL, quota, reservation or protected message), then the full one on ``{'keys'}``.
+    ``sent`` gets the first word of each lean reply.
+    """
+    real = store._connection.node_call
+    names = {SCRIPTS.append.sha, SCRIPTS.append.source, SCRIPTS.append.function}
+
+    async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+        first = commands[0]
+        if (
+            first[0] in ("EVALSHA", "EVAL", "FCALL")
+            and first[1] in names
+            and int(first[2]) == FULL[0]
+        ):
+            keys, argv = first[3 : 3 + FULL[0]], first[3 + FULL[0] :]
+            ttl, most_bytes, most_tokens, rate, _burst, reservation = argv[5:11]
+            messages = argv[13:]
+            if (
+                ttl == ""
+                and not int(most_bytes)
+                and not int(most_tokens)
+                and not float(rate)
+                and reservation == ""
+                and all(kind == "" for kind in messages[3::8])
+            ):
+                lean = (first[0], first[1], LEAN[0], *keys[: LEAN[0]], *argv[:5], *messages)
+                replies = await real(key, [lean, *commands[1:]], **kwargs)
+                if isinstance(replies[0], list):
+                    sent.append(replies[0][0])
+                    if replies[0][0] != b"keys":
+                        return replies
+        return await real(key, commands, **kwargs)
+
+    store._connection.node_call = node_call  # type: ignore[method-assign]
+
+
+def test_three_pods_keep_every_guarantee_with_lean_appends(
+    settings: Settings, redis_url: str
+) -> None:
+    """test_attacks' machine (leases, limits, expiry, lost replies, deletes), appends lean."""
+    import hypothesis
+    from hypothesis import HealthCheck
+    from hypothesis.stateful import run_state_machine_as_test
+    from test_attacks import TenantMachine
+
+    sent: list[bytes] = []
+
+    class Machine(TenantMachine):
+        base = settings
+
+        def __init__(self) -> None:
+            super().__init__()
+            for pod in self.pods:
+                leanify(pod, sent)
+
+    Machine.redis_url = redis_url
+    run_state_machine_as_test(
+        Machine,
+        settings=hypothesis.settings(
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            max_examples=60,
+            stateful_step_count=40,
+            derandomize=True,
+        ),
+    )
+    assert sent.count(b"ok") > 20
+    assert b"keys" in sent  # another pod's TTL met by the lean form
