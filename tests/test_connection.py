@@ -24,7 +24,7 @@ from servers import PrivateRedis, any_redis_binary, redis7_binary
 from ctxstore import ContextStore, Settings, _connection
 from ctxstore._connection import _Pool
 from ctxstore._scripts import SCRIPTS
-from ctxstore.errors import ConfigurationError
+from ctxstore.errors import ConfigurationError, StoreUnavailableError
 
 
 @pytest.fixture
@@ -327,3 +327,110 @@ async def test_commands_after_a_script_are_refused_on_a_cluster(cluster: Any, te
             await store._connection.script(
                 SCRIPTS.set_ttl, ("k:log", "k:meta"), ("1000",), after=[("PING",)]
             )
+
+
+async def test_a_stalled_server_fails_a_call_at_its_deadline_and_the_next_call_works(
+    private: PrivateRedis, tenant: str
+) -> None:
+    """No reply: each try ends at operation_timeout, then a typed error; nothing hangs."""
+    settings = Settings(
+        redis_url=private.url(), operation_timeout=0.3, retry_attempts=1, retry_max_delay=0.01
+    )
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        await store.append("s", {"role": "user", "content": "before"})
+        loop = asyncio.get_running_loop()
+        private.pause()
+        try:
+            started = loop.time()
+            with pytest.raises(StoreUnavailableError, match="2 attempts"):
+                async with asyncio.timeout(10):  # a missed deadline fails here, not hangs
+                    await store.view("s", token_budget=500)
+            assert 0.6 <= loop.time() - started < 3
+        finally:
+            private.resume()
+        assert await store.get_messages("s") == [{"role": "user", "content": "before"}]
+
+
+async def test_a_deadline_ends_only_its_own_call(
+    settings: Settings, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One timer keeps every call's deadline: the stalled call ends, the others finish theirs."""
+    quick = settings.model_copy(update={"operation_timeout": 0.4, "retry_attempts": 0})
+    async with ContextStore.from_settings(quick, tenant=tenant) as store:
+        await store.append("s", {"role": "user", "content": "x"})
+        connection = store._connection
+        real = connection.node_call
+        never = asyncio.Event()
+        stalled = asyncio.Event()
+
+        async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+            if any(c[0] == "XREVRANGE" for c in commands) and not stalled.is_set():
+                stalled.set()
+                await never.wait()  # this call's reply never comes
+            return await real(key, commands, **kwargs)
+
+        monkeypatch.setattr(connection, "node_call", node_call)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        stuck = asyncio.create_task(store.view("s", token_budget=500))
+        await stalled.wait()
+        finished = []
+        while not stuck.done() and loop.time() - started < 10:  # others start and end meanwhile
+            assert await store.get_messages("s") == [{"role": "user", "content": "x"}]
+            finished.append(loop.time())
+        with pytest.raises(StoreUnavailableError):
+            async with asyncio.timeout(10):  # a missed deadline fails here, not hangs
+                await stuck
+        assert 0.4 <= loop.time() - started < 2
+        assert len(finished) > 10
+        assert await store.view("s", token_budget=500)  # a later call has its own deadline
+
+
+async def test_a_cancel_from_outside_is_a_cancellation_not_a_timeout(
+    settings: Settings, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task cancelled by its caller while its call waits gets CancelledError, and no retry."""
+    async with ContextStore.from_settings(settings, tenant=tenant) as store:
+        await store.append("s", {"role": "user", "content": "x"})
+        connection = store._connection
+        real = connection.node_call
+        waiting = asyncio.Event()
+        calls = []
+
+        async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+            calls.append(commands[0][0])
+            waiting.set()
+            await asyncio.Event().wait()
+            return await real(key, commands, **kwargs)
+
+        monkeypatch.setattr(connection, "node_call", node_call)
+        task = asyncio.create_task(store.get_messages("s"))
+        await waiting.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(calls) == 1
+        assert connection._deadlines._calls == {}  # nothing left to expire
+
+
+async def test_a_clean_connection_goes_back_at_once_unless_someone_waits(
+    private: PrivateRedis,
+) -> None:
+    """give_back skips redis-py's return only while nobody waits; a waiter is woken."""
+    pool = _Pool.from_url(private.url(), max_connections=1, timeout=5)
+    try:
+        held = await pool.get_connection()
+        pool.mark_clean(held)
+        await pool.give_back(held)
+        assert pool._available_connections == [held] and not pool._in_use_connections
+        assert pool.take_idle() is held
+        waiter = asyncio.create_task(pool.get_connection())
+        while not pool._condition._waiters:  # noqa: ASYNC110 - waits on a condition
+            await asyncio.sleep(0)
+        pool.mark_clean(held)
+        await pool.give_back(held)  # redis-py's way: the waiter is woken
+        assert await waiter is held
+        await pool.give_back(held)  # not marked clean: redis-py's way too
+        assert pool._available_connections == [held]
+    finally:
+        await pool.disconnect()
