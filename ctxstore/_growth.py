@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from ctxstore._codec import Anchor, Entry
 from ctxstore._formats import entry_order, item_type
 from ctxstore._pairs import in_place, pair
-from ctxstore.view import Growth, Shape, ViewPlan, nested_positions, sends_preview
+from ctxstore.view import (
+    Growth,
+    Shape,
+    ViewPlan,
+    caller_copy,
+    nested_positions,
+    sends_preview,
+)
 
 __all__ = ["grow"]
 
@@ -96,6 +103,9 @@ def _again(
     nested = held.nested
     if nested is not None and added:
         nested = nested | nested_positions(added, len(held.messages))
+    ready, held.ready = held.ready, None  # made for the next view of held: handed out once
+    if ready is not None and nested is not None:
+        ready.extend(caller_copy(added, nested, len(held.messages)))
     return ViewPlan(  # every field: a third of what dataclasses.replace costs
         messages=[*held.messages, *added],
         tokens=tokens,
@@ -109,6 +119,7 @@ def _again(
         protected_tokens=held.protected_tokens,
         growth=growth,
         nested=nested,
+        ready=ready if nested is not None else None,
     )
 
 

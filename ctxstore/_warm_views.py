@@ -67,14 +67,14 @@ class WarmViews:
             self._items.move_to_end(key)
         return warm
 
-    def put(self, tenant: str, session: str, size: int, warm: _Warm) -> None:
-        """Keep ``warm``; the least recently used go until the rest fits.
+    def put(self, tenant: str, session: str, size: int, warm: _Warm) -> bool:
+        """Keep ``warm``; the least recently used go until the rest fits. True if kept.
 
         A copy over a quarter of the budget is not kept.
         """
         self.discard(tenant, session, size)
         if warm.size > self.limit // 4:
-            return
+            return False
         key = (tenant, session, size)
         self._items[key] = warm
         self._sizes.setdefault((tenant, session), set()).add(size)
@@ -82,6 +82,7 @@ class WarmViews:
         while self.bytes > self.limit:
             old_tenant, old_session, old_size = next(iter(self._items))
             self.discard(old_tenant, old_session, old_size)
+        return key in self._items
 
     def any(self, tenant: str, session: str) -> _Warm | None:
         """One of the copies kept of this session, whatever its budget, or ``None``."""

@@ -109,14 +109,31 @@ def test_a_plan_grown_by_nothing_carries_every_field() -> None:
         protected_tokens=5,
         growth=None,
         nested=frozenset({0}),
+        ready=[user("a")],
     )
     for f in dataclasses.fields(ViewPlan):
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
         if f.name != "growth":
             assert getattr(held, f.name) != default, f"give {f.name} a value above"
+    before = dataclasses.asdict(held)
     again = _again(held, held.tokens, held.growth)
-    assert dataclasses.asdict(again) == dataclasses.asdict(held)
+    assert dataclasses.asdict(again) == before
     assert again.messages is not held.messages and again.kept_ids is not held.kept_ids
+    assert held.ready is None  # the copy made ahead is handed over once
+
+
+def test_a_copy_made_ahead_is_handed_out_once_and_grows_with_the_plan() -> None:
+    """The next view's copy: the held one taken, the new messages copied after it."""
+    call = {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f"}}]}
+    held = ViewPlan(messages=[user("a")], kept_ids=[eid(0)], nested=frozenset())
+    ready = [user("a")]
+    held.ready = ready
+    new = [Entry.of(eid(1), call, 5)]
+    grown = _again(held, 12, None, new)
+    assert grown.ready is ready and ready == [user("a"), call]
+    assert ready[1] is not call and ready[1]["tool_calls"][0] is not call["tool_calls"][0]
+    assert held.ready is None
+    assert _again(held, 12, None, new).ready is None  # taken: the next grows without one
 
 
 def appended(draw: st.DrawFn, after: str, count: int) -> list[Entry]:

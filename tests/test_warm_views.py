@@ -9,6 +9,7 @@ delete), its view is the cold pod's, byte for byte.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -150,6 +151,48 @@ async def test_a_caller_that_marks_up_its_view_does_not_change_the_next_one(
         last = await a.view("s", token_budget=2_000)
         assert "cache_control" not in json.dumps(last.messages)
         assert "added by the caller" not in json.dumps(last.messages)
+
+
+def objects(messages: Any) -> set[int]:
+    """The ids of every dict and list in ``messages``, at any depth."""
+    found: set[int] = set()
+    stack = [messages]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict | list):
+            found.add(id(value))
+            stack.extend(value.values() if isinstance(value, dict) else value)
+    return found
+
+
+async def test_each_view_hands_out_objects_of_its_own_even_when_copied_ahead(
+    settings: Settings, tenant: str
+) -> None:
+    """The copy a pod makes ahead for the next view is handed out once, and shares nothing."""
+    async with pods(settings, tenant) as (a, _, c):
+        await a.append("s", SYSTEM)
+        await a.append_many("s", [oa_call("c1"), oa_result("c1"), *(turn(i) for i in range(9))])
+        views = [await a.view("s", token_budget=2_000)]
+        for i in range(4):  # each grown from the last, its copy made while the pod waited
+            await a.append("s", {"role": "user", "content": [{"type": "text", "text": f"q{i}"}]})
+            views.append(await a.view("s", token_budget=2_000))
+            views.append(await a.view("s", token_budget=2_000))  # nothing new: grown by none
+            # Two at once, both grown from the same kept plan: its copy goes to one only.
+            views.extend(await asyncio.gather(*(a.view("s", token_budget=2_000) for _ in "ab")))
+        warm = a._viewer.warm.get(a.tenant, "s", views[-1].stats.budget_cl100k)
+        assert warm is not None and warm.plan is not None
+        kept = objects(warm.plan.messages) - {id(warm.plan.messages)}
+        seen: set[int] = set()
+        for view in views:
+            held = objects(view.messages)
+            assert not held & seen and not held & kept
+            seen |= held
+        assert dumped(views[-1]) == dumped(await c.view("s", token_budget=2_000))
+        # Made while the pod waits on anything (here a read), handed out by the next view.
+        await a.info("s")
+        ready = warm.plan.ready
+        assert ready is not None and ready == warm.plan.messages
+        assert (await a.view("s", token_budget=2_000)).messages is ready
 
 
 async def test_a_session_that_expired_and_came_back_is_read_cold(
