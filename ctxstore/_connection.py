@@ -401,6 +401,7 @@ class _Deadlines:
         self._expired: set[int] = set()
         self._tokens = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> tuple[int, asyncio.Task[Any]]:
         """Start the deadline of a call of the current task: its token, and the task."""
@@ -408,6 +409,11 @@ class _Deadlines:
         task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a Redis call must run in a task")
+        if loop is not self._loop:  # a new event loop (asyncio.run again): the old one is done
+            self.close()
+            self._calls.clear()
+            self._expired.clear()
+            self._loop = loop
         token = next(self._tokens)
         when = loop.time() + self._seconds
         self._calls[token] = (task, when)

@@ -434,3 +434,33 @@ async def test_a_clean_connection_goes_back_at_once_unless_someone_waits(
         assert pool._available_connections == [held]
     finally:
         await pool.disconnect()
+
+
+def test_a_connection_used_again_on_a_new_event_loop_keeps_its_deadlines(
+    private: PrivateRedis,
+) -> None:
+    """asyncio.run twice on one store's connection: the second loop's calls still time out."""
+    settings = Settings(
+        redis_url=private.url(), operation_timeout=0.3, retry_attempts=0, retry_max_delay=0.01
+    )
+    connection = _connection.Connection(_connection.make_client(private.url(), settings), settings)
+
+    async def ping() -> Any:
+        return await connection.call(lambda: connection.node_call("k", [("PING",)]))
+
+    async def first() -> None:
+        assert await ping() == [b"PONG"]
+        await connection.client.connection_pool.disconnect()  # its sockets are this loop's
+
+    async def stalled() -> None:
+        with pytest.raises(StoreUnavailableError):
+            async with asyncio.timeout(10):  # a missed deadline fails here, not hangs
+                await ping()
+        await connection.aclose()
+
+    asyncio.run(first())
+    private.pause()
+    try:
+        asyncio.run(stalled())
+    finally:
+        private.resume()
