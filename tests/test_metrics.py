@@ -11,6 +11,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,7 +39,16 @@ from ctxstore import (
     Settings,
 )
 from ctxstore.errors import StoreUnavailableError
-from ctxstore.metrics import OPERATIONS, error_kind, metrics_for, serve
+from ctxstore.metrics import (
+    LATENCY_BUCKETS,
+    OPERATIONS,
+    TOKEN_BUCKETS,
+    Metrics,
+    error_kind,
+    metrics_for,
+    serve,
+)
+from ctxstore.models import ViewStats
 from ctxstore.testing import FakeSummarizer, free_port
 
 needs_arq = pytest.mark.skipif(
@@ -623,3 +633,57 @@ def test_a_view_whose_stats_count_fewer_than_nothing_dropped_is_still_recorded()
     metrics.record_view("t", stats)
     assert registry.get_sample_value("ctxstore_view_dropped_messages_total") == 0
     assert registry.get_sample_value("ctxstore_view_tokens_count") == 1
+
+
+@pytest.mark.parametrize("tenant_labels", [False, True])
+def test_the_lean_instruments_read_as_prometheus_clients_own_would(tenant_labels: bool) -> None:
+    """What every call records is kept as plain numbers: the same families, sample for sample."""
+    from prometheus_client import Counter, Histogram, generate_latest
+
+    lean_registry, own_registry = CollectorRegistry(), CollectorRegistry()
+    metrics = Metrics(lean_registry, tenant_labels=tenant_labels)
+    t = ("tenant",) if tenant_labels else ()
+    own = {
+        "seconds": Histogram(
+            "ctxstore_operation_duration_seconds",
+            metrics.operation_seconds.documentation,
+            ("operation", *t),
+            buckets=LATENCY_BUCKETS,
+            registry=own_registry,
+        ),
+        "tokens": Histogram(
+            "ctxstore_view_tokens",
+            metrics.view_tokens.documentation,
+            t,
+            buckets=TOKEN_BUCKETS,
+            registry=own_registry,
+        ),
+        "dropped": Counter(
+            "ctxstore_view_dropped_messages_total",
+            metrics.view_dropped.documentation,
+            t,
+            registry=own_registry,
+        ),
+    }
+    labels = ("t1",) if tenant_labels else ()
+    # On a bound, between bounds, past the last one, and nothing at all.
+    for seconds in (0.0001, 0.0003, 0.001, 7.0, 120.0, 0.0):
+        metrics.record_operation("view", "t1", seconds, None)
+        own["seconds"].labels("view", *labels).observe(seconds)
+    for tokens, dropped in ((100, 0), (99, 3), (2_000_000, 1), (0, 0)):
+        metrics.record_view(
+            "t1", ViewStats(budget=8_000, budget_cl100k=8_000, tokens=tokens, dropped=dropped)
+        )
+        (own["tokens"].labels(*labels) if labels else own["tokens"]).observe(tokens)
+        if dropped:
+            (own["dropped"].labels(*labels) if labels else own["dropped"]).inc(dropped)
+
+    def exposed(registry: CollectorRegistry, names: tuple[str, ...]) -> list[str]:
+        lines = generate_latest(registry).decode().splitlines()
+        kept = [line for line in lines if any(name in line for name in names)]
+        return sorted(re.sub(r"(_created(\{[^}]*\})?) \S+$", r"\1 T", line) for line in kept)
+
+    names = ("ctxstore_operation_duration", "ctxstore_view_tokens", "ctxstore_view_dropped")
+    lean = exposed(lean_registry, names)
+    assert lean == exposed(own_registry, names)
+    assert any('le="0.0001"' in line and line.endswith(" 2.0") for line in lean)  # 0.0 too
