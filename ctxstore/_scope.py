@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ctxstore import _keys
@@ -24,9 +24,6 @@ from ctxstore.tokens import TokenCounter
 __all__ = ["Memo", "Scope"]
 
 K = TypeVar("K", bound=Hashable)
-
-_KEYS_KEPT = 4_096
-"""Sessions whose keys a store keeps formatted (a few hundred bytes each)."""
 V = TypeVar("V")
 
 
@@ -50,9 +47,6 @@ class Scope:
     codec: Codec
     counter: TokenCounter
     clock: Clock | None
-    _formatted: Memo[str, _keys.SessionKeys] = field(
-        default_factory=lambda: Memo(_KEYS_KEPT), repr=False, compare=False
-    )
 
     @property
     def prefix(self) -> str:
@@ -65,13 +59,7 @@ class Scope:
         Raises:
             InvalidIdError: ``session`` is not a valid id.
         """
-        found = self._formatted.get(session) if type(session) is str else None
-        if found is None:  # formatted once per session: every call of the store asks for them
-            found = _keys.session_keys(
-                self.prefix, self.tenant, _keys.validate_id(session, "session")
-            )
-            self._formatted.put(session, found)
-        return found
+        return _keys.session_keys(self.prefix, self.tenant, _keys.validate_id(session, "session"))
 
     @property
     def period_ms(self) -> int:
