@@ -118,6 +118,17 @@ class SessionKeys:
 
 
 @lru_cache(maxsize=4096)
+def valid_session_keys(prefix: str, tenant: str, session: str) -> SessionKeys:
+    """The keys of a session whose id is validated here: a valid id is checked once.
+
+    Every call of a store asks for them (a view twice). Only an exact ``str``
+    may be looked up here (the caller checks): any other id goes to
+    :func:`validate_id`, which refuses it, uncached.
+    """
+    return session_keys(prefix, tenant, validate_id(session, "session"))
+
+
+@lru_cache(maxsize=4096)
 def session_keys(prefix: str, tenant: str, session: str) -> SessionKeys:
     """Format the keys of one session (ids must be validated already)."""
     base = f"{prefix}:{{{tenant}:{session}}}:"
