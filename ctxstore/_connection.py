@@ -130,6 +130,7 @@ class _Pool(rconn.BlockingConnectionPool):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._clean: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._wakers: set[asyncio.Task[None]] = set()
         # take_idle works on redis-py's (and asyncio's) internals: without them, it never does.
         self._internals = (
             isinstance(getattr(self, "_available_connections", None), list)
@@ -161,6 +162,24 @@ class _Pool(rconn.BlockingConnectionPool):
         self._in_use_connections.add(connection)
         self._clean.discard(connection)
         return connection
+
+    def wake_next(self) -> None:
+        """Pass a wake-up on to the next waiter: one waiting for a connection was cancelled.
+
+        asyncio.Condition (Python 3.11) drops a notification whose waiter is
+        cancelled before it runs: the connection given back for it would sit
+        idle while the next waiter waits out its deadline. A spare wake-up
+        costs a waiter one look at the pool (redis-py waits on a predicate).
+        """
+        if not self._internals or not self._condition._waiters:
+            return
+        task = asyncio.get_running_loop().create_task(self._notify())
+        self._wakers.add(task)  # held until done: the loop keeps only a weak reference
+        task.add_done_callback(self._wakers.discard)
+
+    async def _notify(self) -> None:
+        async with self._condition:
+            self._condition.notify()
 
     async def give_back(self, connection: Any) -> None:
         """Give a connection back, at once when it is clean and nobody waits for one.
@@ -523,7 +542,7 @@ class Connection:
                     return await op()
                 except asyncio.CancelledError as exc:
                     if deadlines.stop(token) and task.uncancel() <= cancelling:
-                        raise TimeoutError("no reply within operation_timeout") from exc
+                        raise TimeoutError("the call took longer than operation_timeout") from exc
                     raise  # cancelled from outside too
                 finally:
                     if deadlines.stop(token):  # expired, yet the call ended otherwise
@@ -613,9 +632,13 @@ class Connection:
                     pool.get_connection("_") if _POOL_WANTS_A_NAME else pool.get_connection()
                 )
                 return conn, pool.release
-            conn = self._pool.take_idle() or await (
-                pool.get_connection("_") if _POOL_WANTS_A_NAME else pool.get_connection()
-            )
+            try:
+                conn = self._pool.take_idle() or await (
+                    pool.get_connection("_") if _POOL_WANTS_A_NAME else pool.get_connection()
+                )
+            except asyncio.CancelledError:
+                self._pool.wake_next()
+                raise
             return conn, self._pool.give_back
         client = cast(RedisCluster, self.client)
         if client._initialize:

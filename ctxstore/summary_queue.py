@@ -29,6 +29,7 @@ never waits longer than ``connect_timeout`` plus ``operation_timeout``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -327,6 +328,7 @@ class Handoff:
         self.on_summary_due = on_summary_due
         self._now_ms = now_ms
         self._queue: SummaryQueue | None = None
+        self._opening = asyncio.Lock()
         self._denied = False
         self._retry_at_ms = 0
 
@@ -337,7 +339,9 @@ class Handoff:
             StoreUnavailableError: It cannot be reached in time.
         """
         if self._queue is None:
-            self._queue = await SummaryQueue.connect(self.settings)
+            async with self._opening:  # calls at once open one queue, not one each
+                if self._queue is None:
+                    self._queue = await SummaryQueue.connect(self.settings)
         return self._queue
 
     async def due(self, tenant: str, session: str, generation: int) -> None:
