@@ -16,10 +16,14 @@ from dataclasses import dataclass
 from ctxstore._codec import Anchor, Entry
 from ctxstore.view import ViewPlan
 
-__all__ = ["WarmViews", "held_size"]
+__all__ = ["READY_OVERHEAD", "WarmViews", "held_size"]
 
 _ENTRY_OVERHEAD = 160
 """Bytes a cached entry costs beside its data (the object, its id), for the byte budget."""
+
+READY_OVERHEAD = 400
+"""Bytes charged per message of a kept plan for the caller's copy made ahead: its dicts
+and lists (the strings are shared); a message of content blocks costs more, plain text less."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,8 @@ class _Warm:
     complete: bool
     size: int
     plan: ViewPlan | None = None
+    ahead: int = 0
+    """Of ``size``, what the caller's copy of ``plan`` made ahead is charged."""
 
 
 class WarmViews:

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from ctxstore import ContextStore, LocalSummarizer, RequestView, Settings
+from ctxstore._warm_views import READY_OVERHEAD, held_size
 from ctxstore.anchor import WarmViews, _Warm
 from ctxstore.testing import orphans
 
@@ -193,6 +194,23 @@ async def test_each_view_hands_out_objects_of_its_own_even_when_copied_ahead(
         ready = warm.plan.ready
         assert ready is not None and ready == warm.plan.messages
         assert (await a.view("s", token_budget=2_000)).messages is ready
+
+
+async def test_the_byte_budget_charges_the_copy_made_ahead_once(
+    settings: Settings, tenant: str
+) -> None:
+    """A kept view's size: its entries, and the caller's copy made ahead, charged once."""
+    async with pods(settings, tenant) as (a, _, _c):
+        await a.append("s", SYSTEM)
+        await a.append_many("s", [turn(i) for i in range(12)])
+        for i in range(4):  # grown each time: the charge must not pile up
+            budget = (await a.view("s", token_budget=2_000)).stats.budget_cl100k
+            warm = a._viewer.warm.get(a.tenant, "s", budget)
+            assert warm is not None and warm.plan is not None and warm.plan.growth is not None
+            assert warm.ahead == len(warm.plan.messages) * READY_OVERHEAD > 0
+            assert warm.size - warm.ahead == held_size(warm.protected) + held_size(warm.tail)
+            assert a._viewer.warm.bytes == warm.size
+            await a.append("s", user(f"q{i}"))
 
 
 async def test_a_session_that_expired_and_came_back_is_read_cold(
