@@ -144,8 +144,10 @@ class Settings(BaseSettings):
         view_cache_bytes: The bytes of message data each process keeps of the
             sessions it served, so its next view of one reads only what is
             new (validated in the same round trip: epoch, life, count, the
-            anchor and the pinned copies). The least recently viewed go
-            first; ``0`` turns it off (every view reads as a cold pod does).
+            anchor and the pinned copies), and 400 bytes a message sent for
+            the caller's copy of the next view, made ahead while the pod
+            waits. The least recently viewed go first; ``0`` turns it off
+            (every view reads as a cold pod does).
         summary_role: The role of the summary message in views: ``user`` (so
             a cached system prompt stays byte-stable) or ``system``.
         summary_retry_seconds: After a failed summary, the sweep waits this

