@@ -627,19 +627,16 @@ class Connection:
         """A connection to the node owning ``key``, and how to give it back."""
         if not self.cluster:
             pool = self.client.connection_pool
-            if self._pool is None:
-                conn = await (
-                    pool.get_connection("_") if _POOL_WANTS_A_NAME else pool.get_connection()
-                )
-                return conn, pool.release
+            ours = self._pool  # None: a caller's own client, whose pool is redis-py's
             try:
-                conn = self._pool.take_idle() or await (
+                conn = (ours.take_idle() if ours is not None else None) or await (
                     pool.get_connection("_") if _POOL_WANTS_A_NAME else pool.get_connection()
                 )
             except asyncio.CancelledError:
-                self._pool.wake_next()
+                if ours is not None:
+                    ours.wake_next()
                 raise
-            return conn, self._pool.give_back
+            return conn, ours.give_back if ours is not None else pool.release
         client = cast(RedisCluster, self.client)
         if client._initialize:
             await client.initialize()

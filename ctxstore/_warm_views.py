@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ctxstore._codec import Anchor, Entry
 from ctxstore.view import ViewPlan
 
-__all__ = ["READY_OVERHEAD", "WarmViews", "held_size"]
+__all__ = ["READY_OVERHEAD", "WarmViews", "ahead_size", "held_size"]
 
 _ENTRY_OVERHEAD = 160
 """Bytes a cached entry costs beside its data (the object, its id), for the byte budget."""
@@ -41,8 +41,6 @@ class _Warm:
     complete: bool
     size: int
     plan: ViewPlan | None = None
-    ahead: int = 0
-    """Of ``size``, what the caller's copy of ``plan`` made ahead is charged."""
 
 
 class WarmViews:
@@ -117,3 +115,13 @@ class WarmViews:
 def held_size(entries: Sequence[Entry]) -> int:
     """What keeping ``entries`` costs a pod's byte budget (:class:`WarmViews`)."""
     return sum(len(e.data) + len(e.preview_data or b"") + _ENTRY_OVERHEAD for e in entries)
+
+
+def ahead_size(plan: ViewPlan | None) -> int:
+    """What the caller's copy of ``plan`` made ahead costs a pod's byte budget.
+
+    Made only for a plan the next view may grow (``plan.growth``).
+    """
+    if plan is None or plan.growth is None:
+        return 0
+    return len(plan.messages) * READY_OVERHEAD

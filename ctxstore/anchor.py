@@ -50,7 +50,7 @@ from ctxstore._growth import grow
 from ctxstore._keys import SessionKeys
 from ctxstore._scope import Memo, Scope
 from ctxstore._scripts import SCRIPTS
-from ctxstore._warm_views import READY_OVERHEAD, WarmViews, _Warm, held_size
+from ctxstore._warm_views import WarmViews, _Warm, ahead_size, held_size
 from ctxstore.budget import Budget
 from ctxstore.errors import EpochChangedError
 from ctxstore.lineage import Chain, Lineage, Row
@@ -208,8 +208,6 @@ class Viewer:
             held = snap.held_size + held_size(snap.new)  # the copy it read, and what was new
         else:
             held = held_size(snap.protected) + held_size(tail)
-        # The caller's copy made ahead for the next view (:func:`_make_ready`), when it may grow.
-        ahead = len(plan.messages) * READY_OVERHEAD if plan.growth is not None else 0
         warm = _Warm(
             epoch=snap.epoch,
             life=snap.life,
@@ -220,9 +218,8 @@ class Viewer:
             anchor=snap.anchor,
             tail=tuple(tail),
             complete=complete,
-            size=held + ahead,
+            size=held + ahead_size(plan),  # and the caller's copy made ahead (_make_ready)
             plan=plan,
-            ahead=ahead,
         )
         return self.warm.put(self._scope.tenant, session, size, warm)
 
@@ -465,7 +462,7 @@ class Viewer:
                 return None  # moved again meanwhile
             self._set_anchor(session, snap, value, body)
         snap.protected = list(warm.protected)
-        snap.held_size = warm.size - warm.ahead  # its entries'
+        snap.held_size = warm.size - ahead_size(warm.plan)  # its entries'
         snap.tail = [*warm.tail, *snap.new]
         snap.complete = warm.complete
         snap.read = len(rows)

@@ -168,6 +168,7 @@ class _Lean:
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self.bounds = tuple(buckets) if buckets is not None else None
+        self.kind = "counter" if self.bounds is None else "histogram"
         self._width = len(self.bounds) + 1 if self.bounds is not None else 0
         # The bounds as the `le` label writes them, +Inf last.
         self._le = tuple(_go_float(b) for b in (*(self.bounds or ()), math.inf))
@@ -188,8 +189,7 @@ class _Lean:
         """Its family, as prometheus_client's own instrument would give it; hold the lock."""
         from prometheus_client.metrics_core import Metric
 
-        kind = "counter" if self.bounds is None else "histogram"
-        family = Metric(self.name, self.documentation, kind)
+        family = Metric(self.name, self.documentation, self.kind)
         for values, series in self.series.items():
             labels = dict(zip(self.labelnames, values, strict=True))
             if self.bounds is None:
@@ -221,8 +221,7 @@ class _LeanCollector:
         from prometheus_client.metrics_core import Metric
 
         for instrument in self.instruments:
-            kind = "counter" if instrument.bounds is None else "histogram"
-            yield Metric(instrument.name, instrument.documentation, kind)
+            yield Metric(instrument.name, instrument.documentation, instrument.kind)
 
 
 class Metrics:
@@ -297,20 +296,7 @@ class Metrics:
             "Views whose system and pinned messages alone exceeded the budget.",
             t,
         )
-        self._lean = _LeanCollector(
-            (
-                self.operation_seconds,
-                self.appends,
-                self.duplicates,
-                self.view_tokens,
-                self.view_fill,
-                self.view_dropped,
-                self.view_offloaded,
-                self.view_repairs,
-                self.view_summary,
-                self.view_over_budget,
-            )
-        )
+        self._lean = _LeanCollector([v for v in vars(self).values() if isinstance(v, _Lean)])
         registry.register(self._lean)
         self.jobs = Counter(
             "ctxstore_summary_jobs_total",

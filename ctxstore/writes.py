@@ -190,30 +190,24 @@ class Writer:
         )
         connection = self._scope.connection
 
-        async def run(reservation: tuple[str, int], after: Commands) -> Any:
-            if lean and reservation == NO_RESERVATION and session not in self._full:
-                reply = await connection.script(
-                    SCRIPTS.append,
-                    lean_keys,
-                    (*head, *args),
-                    session=session,
-                    replicas=settings.replica_acks,
-                    refused=_refused,
-                    after=after,
-                )
-                if text(reply[0]) != Reply.KEYS:
-                    return reply
-                self._full.put(session, True)  # it has a TTL of its own
-                after = ()  # sent with the lean form already
-            reply = await connection.script(
+        async def send(declared: tuple[str, ...], argv: tuple[Any, ...], after: Commands) -> Any:
+            return await connection.script(
                 SCRIPTS.append,
-                full_keys,
-                (*head, *limited, *reservation, now, *args),
+                declared,
+                argv,
                 session=session,
                 replicas=settings.replica_acks,
                 refused=_refused,
                 after=after,
             )
+
+        async def run(reservation: tuple[str, int], after: Commands) -> Any:
+            if lean and reservation == NO_RESERVATION and session not in self._full:
+                reply = await send(lean_keys, (*head, *args), after)
+                if text(reply[0]) != Reply.KEYS:
+                    return reply
+                after = ()  # sent with the lean form already
+            reply = await send(full_keys, (*head, *limited, *reservation, now, *args), after)
             if text(reply[0]) == Reply.OK:  # the session's TTL, as the script found it
                 if reply[4]:
                     self._full.put(session, True)

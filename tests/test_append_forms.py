@@ -9,16 +9,16 @@ the Functions mode, and check that the lean form touches only the keys it declar
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 from conftest import BACKENDS
 from helpers import system, turn
-from redis import exceptions as rex
 from redis.asyncio import Redis
 from servers import Monitor, ServerPool
+from test_attacks import drop_reply
 from test_scripts import script_calls, undeclared
 
 from ctxstore import ConflictError, ContextStore, Settings
@@ -54,38 +54,6 @@ def sent(store: ContextStore) -> list[tuple[int, int]]:
 
     store._connection.node_call = node_call  # type: ignore[method-assign]
     return runs
-
-
-def lose_reply(
-    store: ContextStore, form: tuple[int, int], between: Callable[[], Awaitable[Any]] | None = None
-) -> list[bool]:
-    """Lose the first reply of an append of ``form`` that wrote.
-
-    A ``{'keys'}`` or any other refusal is not lost: the point is a write Redis applied.
-    """
-    real = store._connection.node_call
-    names = {SCRIPTS.append.sha, SCRIPTS.append.source, SCRIPTS.append.function}
-    dropped: list[bool] = []
-
-    async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
-        replies = await real(key, commands, **kwargs)
-        first = commands[0]
-        if (
-            not dropped
-            and first[0] in ("EVALSHA", "EVAL", "FCALL")
-            and first[1] in names
-            and int(first[2]) == form[0]
-            and isinstance(replies[0], list)
-            and replies[0][0] == b"ok"
-        ):
-            dropped.append(True)
-            if between is not None:
-                await between()
-            raise rex.ConnectionError("the reply was lost after Redis applied the script")
-        return replies
-
-    store._connection.node_call = node_call  # type: ignore[method-assign]
-    return dropped
 
 
 async def every_key_expires(raw: Redis, store: ContextStore, session: str, above: int) -> None:
@@ -194,7 +162,7 @@ async def test_the_lean_form_writes_nothing_when_it_needs_the_full_one(
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 async def test_a_lost_reply_of_the_full_send_after_a_lean_refusal_is_answered_once(
-    settings: Settings, tenant: str, raw_redis: Redis
+    settings: Settings, tenant: str, raw_redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Lean refused (another pod's TTL), the full form applied and its reply lost: one entry."""
     async with two_pods(settings, tenant) as (pod, other):
@@ -216,7 +184,7 @@ async def test_a_lost_reply_of_the_full_send_after_a_lean_refusal_is_answered_on
             await raw_redis.pexpire(key, 5_000)
         await shorten(raw_redis, pod, "s")
         runs = sent(pod)
-        dropped = lose_reply(pod, FULL)
+        dropped = drop_reply(pod, monkeypatch, SCRIPTS.append, keys=FULL[0])
         result = await pod.append("s", turn(2))
         assert dropped == [True]
         assert runs == [LEAN, FULL, FULL]  # the retry is the full form again
@@ -226,13 +194,15 @@ async def test_a_lost_reply_of_the_full_send_after_a_lean_refusal_is_answered_on
 
 
 async def test_a_lost_lean_reply_retried_after_another_pod_set_a_ttl_is_answered_once(
-    settings: Settings, tenant: str, raw_redis: Redis
+    settings: Settings, tenant: str, raw_redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Lean applied, reply lost, another pod sets a TTL: the retry is refused lean, then full."""
     async with two_pods(settings, tenant) as (pod, other):
         await pod.append("s", turn(0))
         runs = sent(pod)
-        dropped = lose_reply(pod, LEAN, lambda: other.set_ttl("s", 600))
+        dropped = drop_reply(
+            pod, monkeypatch, SCRIPTS.append, lambda: other.set_ttl("s", 600), keys=LEAN[0]
+        )
         result = await pod.append("s", turn(1))
         assert dropped == [True]
         assert runs == [LEAN, LEAN, FULL]
@@ -255,8 +225,6 @@ async def test_the_attack_suites_lost_reply_is_of_an_applied_append_not_of_a_lea
     not as a duplicate), so a test built on it (the soak machine's
     append_whose_reply_is_lost, say) checks another race than it says.
     """
-    from test_attacks import drop_reply
-
     async with two_pods(settings, tenant) as (pod, other):
         await pod.append("s", turn(0))
         await other.set_ttl("s", 600)

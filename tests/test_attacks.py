@@ -80,12 +80,15 @@ def drop_reply(
     monkeypatch: pytest.MonkeyPatch,
     script: Script,
     between: Action | None = None,
+    *,
+    keys: int | None = None,
 ) -> list[bool]:
     """Lose the first reply of ``script`` after Redis applied it; run ``between``, then fail.
 
     The SDK then retries the same call (same arguments, ids and keys). A NOSCRIPT
     reply is not a script that ran, so it is passed through. Works for EVALSHA,
     EVAL and FCALL. Returns a list that holds True once a reply was dropped.
+    ``keys``: only a call declaring that many keys (one of the append's two forms).
     """
     real = store._connection.node_call
     names = {script.sha, script.function, script.source}
@@ -98,6 +101,7 @@ def drop_reply(
             not dropped
             and first[0] in ("EVALSHA", "EVAL", "FCALL")
             and first[1] in names
+            and (keys is None or int(first[2]) == keys)
             and _applied(replies[0])
         ):
             dropped.append(True)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from ctxstore import ContextStore, LocalSummarizer, RequestView, Settings
-from ctxstore._warm_views import READY_OVERHEAD, held_size
+from ctxstore._warm_views import READY_OVERHEAD, ahead_size, held_size
 from ctxstore.anchor import WarmViews, _Warm
 from ctxstore.testing import orphans
 
@@ -207,8 +207,9 @@ async def test_the_byte_budget_charges_the_copy_made_ahead_once(
             budget = (await a.view("s", token_budget=2_000)).stats.budget_cl100k
             warm = a._viewer.warm.get(a.tenant, "s", budget)
             assert warm is not None and warm.plan is not None and warm.plan.growth is not None
-            assert warm.ahead == len(warm.plan.messages) * READY_OVERHEAD > 0
-            assert warm.size - warm.ahead == held_size(warm.protected) + held_size(warm.tail)
+            ahead = ahead_size(warm.plan)
+            assert ahead == len(warm.plan.messages) * READY_OVERHEAD > 0
+            assert warm.size - ahead == held_size(warm.protected) + held_size(warm.tail)
             assert a._viewer.warm.bytes == warm.size
             await a.append("s", user(f"q{i}"))
 
