@@ -515,15 +515,23 @@ class LocalCluster:
                         return int(parts[1].split(":")[1].split("@")[0])
         return None
 
-    def replica_of(self, primary: int) -> int:
-        """The port of a replica of the primary on ``primary``."""
-        lines = _command(self.live(), "cluster", "nodes").splitlines()
-        primary_id = next(line.split()[0] for line in lines if f":{primary}@" in line)
-        for line in lines:
-            parts = line.split()
-            if parts[3] == primary_id and "fail" not in parts[2]:
-                return int(parts[1].split(":")[1].split("@")[0])
-        raise RuntimeError(f"{primary} has no replica")
+    def replica_of(self, primary: int, timeout: float = 30) -> int:
+        """The port of a replica in sync with the primary on ``primary``.
+
+        Asked of the primary itself (``INFO replication``), not of another
+        node's ``CLUSTER NODES``: gossip may not yet have told that node the
+        replica's role, and a busy replica may be flagged ``fail?`` there for
+        a moment. Waits up to ``timeout`` seconds for one to be online.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in _command(primary, "info", "replication").splitlines():
+                if line.startswith("slave") and "state=online" in line:
+                    fields = dict(part.split("=", 1) for part in line.split(":", 1)[1].split(","))
+                    return int(fields["port"])
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{primary} has no replica in sync")
+            time.sleep(0.05)
 
     def pause(self, port: int) -> None:
         """SIGSTOP one node (it stops answering, and replicating)."""
