@@ -88,8 +88,14 @@ class Scope:
         return self.clock.now_ms() if self.clock is not None else int(time.time() * 1000)
 
 
+_ABSENT = object()
+
+
 class Memo(Generic[K, V]):
-    """A per-process memo with a bound on its size: the oldest entry goes first.
+    """A per-process memo with a bound on its size: the least recently used entry goes first.
+
+    A read or a write marks an entry as used (a dict keeps its keys in the order they
+    went in, so an entry used is taken out and put back at the end).
 
     Args:
         limit: The most entries kept.
@@ -101,13 +107,18 @@ class Memo(Generic[K, V]):
 
     def get(self, key: K) -> V | None:
         """The value kept for ``key``, or ``None``."""
-        return self._items.get(key)
+        items = self._items
+        if key not in items:
+            return None
+        value = items[key] = items.pop(key)
+        return value
 
     def put(self, key: K, value: V) -> None:
-        """Keep ``value`` for ``key``, forgetting the oldest entry when full."""
-        if key not in self._items and len(self._items) >= self._limit:
-            del self._items[next(iter(self._items))]
-        self._items[key] = value
+        """Keep ``value`` for ``key``, forgetting the least recently used entry when full."""
+        items = self._items
+        if items.pop(key, _ABSENT) is _ABSENT and len(items) >= self._limit:
+            del items[next(iter(items))]
+        items[key] = value
 
     def discard(self, key: K) -> None:
         """Forget ``key``."""

@@ -24,7 +24,7 @@ from ctxstore import _keys
 from ctxstore._codec import Codec
 from ctxstore._connection import Connection, make_client
 from ctxstore._observe import Observer, observed, record_appends, record_view
-from ctxstore._scope import Scope
+from ctxstore._scope import Memo, Scope
 from ctxstore._validate import check_model, check_usage
 from ctxstore.anchor import Viewer, WarmViews
 from ctxstore.archive import Archive
@@ -68,6 +68,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ContextStore", "SummaryDue"]
 
+TENANT_STORES = 1_000
+"""The most tenants' stores a store and those it gave (:meth:`ContextStore.for_tenant`) keep:
+the least recently asked for goes first, and is built again when asked for again."""
+
 
 class ContextStore:
     """One tenant's context store.
@@ -110,6 +114,7 @@ class ContextStore:
         _handoff: Handoff | None = None,
         _observer: Observer | None = None,
         _warm: WarmViews | None = None,
+        _tenants: Memo[str, ContextStore] | None = None,
     ) -> None:
         self.settings = settings = settings or Settings()
         self.tenant = tenant = _keys.validate_id(tenant, "tenant")
@@ -145,6 +150,10 @@ class ContextStore:
         self._forks = Forks(scope, *parts, self._writer, self._summaries, self._handoff)
         self._archive = Archive(scope, self._reader, self._writer, self._checkpoints, self._quotas)
         self._observer = _observer or Observer(metrics_from_settings(settings, registry), tenant)
+        if _tenants is None:
+            _tenants = Memo(TENANT_STORES)
+            _tenants.put(tenant, self)
+        self._tenants = _tenants
 
     @classmethod
     def from_settings(
@@ -169,8 +178,18 @@ class ContextStore:
         )
 
     def for_tenant(self, tenant: str) -> ContextStore:
-        """Another tenant's store on this one's connection and queue (closed with it)."""
-        return ContextStore(
+        """Another tenant's store on this one's connection and queue (closed with it).
+
+        Asked for the same tenant again (of this store or of any it gave), it
+        is the same store, while it is among the last :data:`TENANT_STORES`
+        asked for: an application may call this per request, and what a store
+        learns (the tenant's limits, the sessions whose appends need the full
+        form, how far back its views read) is not lost between requests.
+        """
+        cached = self._tenants.get(tenant) if type(tenant) is str else None
+        if cached is not None:
+            return cached
+        store = ContextStore(
             self._connection.client,
             tenant=tenant,
             settings=self.settings,
@@ -181,7 +200,11 @@ class ContextStore:
             _handoff=self._handoff,
             _observer=self._observer.for_tenant(tenant),
             _warm=self._viewer.warm,
+            _tenants=self._tenants,
         )
+        if type(tenant) is str:
+            self._tenants.put(tenant, store)
+        return store
 
     async def aclose(self) -> None:
         """Close the connection (and the summary queue, if one was opened)."""

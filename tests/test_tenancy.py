@@ -17,6 +17,7 @@ import pytest
 from helpers import SYSTEM, append_until_due, turn
 from redis.asyncio import Redis
 from servers import Logged, Monitor, PrivateRedis, ServerPool, all_keys, run_burst
+from test_append_forms import FULL, sent
 
 from ctxstore import (
     ContextStore,
@@ -25,7 +26,9 @@ from ctxstore import (
     Settings,
     TenantLimits,
 )
+from ctxstore import store as store_module
 from ctxstore._keys import tenant_sessions_key, tenants_key
+from ctxstore._scope import Memo
 from ctxstore.summary_queue import job_id
 from ctxstore.testing import ManualClock
 
@@ -447,3 +450,79 @@ async def test_list_sessions_forgets_sessions_idle_longer_than_the_ttl(
         assert [r.session for r in await store.list_sessions()] == ["fresh"]
     index = tenant_sessions_key(settings.key_prefix, tenant)
     assert await raw_redis.zrange(index, 0, -1) == [b"fresh"]
+
+
+# -- a store per request: for_tenant gives the same one ------------------------------------
+
+
+def test_a_memo_forgets_the_least_recently_used_entry() -> None:
+    """Reading or writing an entry keeps it; the one untouched longest goes first."""
+    memo: Memo[str, int] = Memo(limit=2)
+    memo.put("a", 1)
+    memo.put("b", 2)
+    assert memo.get("a") == 1  # used: "b" is now the oldest
+    memo.put("c", 3)
+    assert ("a" in memo, "b" in memo, "c" in memo) == (True, False, True)
+    memo.put("a", 4)  # written again: "c" is now the oldest
+    memo.put("d", 5)
+    assert (memo.get("a"), memo.get("c"), memo.get("d")) == (4, None, 5)
+
+
+async def test_for_tenant_gives_one_store_per_tenant_to_the_whole_family(
+    settings: Settings, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same store for a tenant from the root or a sibling; the least recently asked goes."""
+    monkeypatch.setattr(store_module, "TENANT_STORES", 3)
+    async with ContextStore.from_settings(settings, tenant=tenant) as root:
+        first = root.for_tenant(tenant + "-a")
+        assert root.for_tenant(tenant) is root
+        assert first.for_tenant(tenant + "-a") is first
+        assert root.for_tenant(tenant + "-a") is first
+        second = first.for_tenant(tenant + "-b")
+        assert second.tenant == tenant + "-b" and root.for_tenant(tenant + "-b") is second
+        root.for_tenant(tenant + "-a")  # asked for again: "-b" is now the oldest besides root
+        root.for_tenant(tenant)
+        third = root.for_tenant(tenant + "-c")  # over the bound: "-b" goes
+        assert root.for_tenant(tenant + "-a") is first and root.for_tenant(tenant + "-c") is third
+        again = root.for_tenant(tenant + "-b")
+        assert again is not second and again.tenant == tenant + "-b"
+        await again.append("s", turn(0))  # a store built again works as the first did
+        assert await second.get_messages("s") == [turn(0)]
+
+
+async def test_a_store_per_request_keeps_what_the_tenant_s_store_learned(
+    settings: Settings, tenant: str
+) -> None:
+    """A store asked for per request knows what the tenant's store learned before.
+
+    Its appends know the session has a TTL of its own (the full form at once), and the
+    tenant's limits are not read again.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant + "-root") as root:
+        request = root.for_tenant(tenant)
+        await request.append("s", turn(0))
+        await request.set_ttl("s", 600)
+        runs = sent(request)
+        limits = count_limit_reads(request)
+        await request.append("s", turn(1))
+        assert runs == [FULL]  # set_ttl in this store: known at once
+        runs.clear()
+        for n in range(2, 5):  # each request asks for the tenant's store again
+            await root.for_tenant(tenant).append("s", turn(n))
+        assert runs == [FULL, FULL, FULL]
+        assert limits == []
+        assert await root.for_tenant(tenant).get_messages("s") == [turn(n) for n in range(5)]
+
+
+def count_limit_reads(store: ContextStore) -> list[str]:
+    """Record each time ``store`` reads its tenant's limits from Redis."""
+    quotas = store._quotas
+    real = quotas.own
+    reads: list[str] = []
+
+    async def own(*args: Any, **kwargs: Any) -> Any:
+        reads.append(store.tenant)
+        return await real(*args, **kwargs)
+
+    quotas.own = own  # type: ignore[method-assign]
+    return reads
