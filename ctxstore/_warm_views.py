@@ -18,8 +18,10 @@ from ctxstore.view import ViewPlan
 
 __all__ = ["READY_OVERHEAD", "WarmViews", "ahead_size", "held_size"]
 
-_ENTRY_OVERHEAD = 160
-"""Bytes a cached entry costs beside its data (the object, its id), for the byte budget."""
+_ENTRY_OVERHEAD = 160 + 300
+"""Bytes a cached entry costs beside its data, for the byte budget: the object and its id
+(some 160), and the message decoded from it (its dict and strings, some 300 beside the text,
+counted again: the entries kept are those the view sent, which it decoded)."""
 
 READY_OVERHEAD = 400
 """Bytes charged per message of a kept plan for the caller's copy made ahead: its dicts
@@ -114,7 +116,7 @@ class WarmViews:
 
 def held_size(entries: Sequence[Entry]) -> int:
     """What keeping ``entries`` costs a pod's byte budget (:class:`WarmViews`)."""
-    return sum(len(e.data) + len(e.preview_data or b"") + _ENTRY_OVERHEAD for e in entries)
+    return sum(2 * len(e.data) + len(e.preview_data or b"") + _ENTRY_OVERHEAD for e in entries)
 
 
 def ahead_size(plan: ViewPlan | None) -> int:

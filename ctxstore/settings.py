@@ -141,13 +141,15 @@ class Settings(BaseSettings):
             grows with the budget's fourth root (0.16 at 64,000 tokens).
         view_max_anchors: The most budgets one session keeps an anchor for
             (the oldest anchor goes first).
-        view_cache_bytes: The bytes of message data each process keeps of the
+        view_cache_bytes: The memory each process spends keeping the
             sessions it served, so its next view of one reads only what is
             new (validated in the same round trip: epoch, life, count, the
-            anchor and the pinned copies), and 400 bytes a message sent for
-            the caller's copy of the next view, made ahead while the pod
-            waits. The least recently viewed go first; ``0`` turns it off
-            (every view reads as a cold pod does).
+            anchor and the pinned copies). Each message kept is charged its
+            stored bytes, again for its decoded copy, and some 460 bytes of
+            objects beside (within 10% of what Python allocates for it), and
+            400 bytes a message sent for the caller's copy of the next view,
+            made ahead while the pod waits. The least recently viewed go
+            first; ``0`` turns it off (every view reads as a cold pod does).
         summary_role: The role of the summary message in views: ``user`` (so
             a cached system prompt stays byte-stable) or ``system``.
         summary_retry_seconds: After a failed summary, the sweep waits this
