@@ -26,7 +26,10 @@ _PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
 
 
 def validate_id(value: object, kind: str) -> str:
-    """Return ``value`` if it is a valid tenant or session id.
+    """Return ``value``, as an exact ``str``, if it is a valid tenant or session id.
+
+    A ``str`` subclass is taken for its characters alone: its own ``__format__``,
+    ``__eq__`` or ``__hash__`` never decides which keys it names.
 
     Args:
         value: The candidate id.
@@ -47,7 +50,7 @@ def validate_id(value: object, kind: str) -> str:
             f"{kind} id {value!r} may hold only ASCII letters, digits, '_', '.' and '-' "
             "(starting with a letter, digit or '_', and no '..')"
         )
-    return value
+    return str.__str__(value)  # the same object for a str; a plain copy for a subclass
 
 
 def validate_prefix(value: str) -> str:

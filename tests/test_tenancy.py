@@ -526,3 +526,31 @@ def count_limit_reads(store: ContextStore) -> list[str]:
 
     quotas.own = own  # type: ignore[method-assign]
     return reads
+
+
+class Disguised(str):
+    """An id that formats, compares and hashes as another."""
+
+    def __format__(self, spec: str) -> str:
+        return "victim"
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return hash("victim")
+
+
+async def test_a_str_subclass_names_the_keys_of_its_own_characters(
+    store: ContextStore,
+) -> None:
+    """A session or tenant id of a str subclass is taken for its characters, never its methods."""
+    victim = store.keys("victim")  # cached first: a disguised id must not find it
+    mine = store.keys(Disguised("mine"))
+    assert mine.log.endswith(":mine}:log") and mine != victim
+    other = store.for_tenant(Disguised("elsewhere"))
+    assert other.tenant == "elsewhere" and type(other.tenant) is str
+    assert other.keys("s").log.endswith("{elsewhere:s}:log")
+    await store.append(Disguised("mine"), turn(0))
+    assert await store.get_messages("mine") == [turn(0)]
+    assert await store.get_messages("victim") == []
