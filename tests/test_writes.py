@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from conftest import BACKENDS
 from helpers import turn
-from redis import exceptions as rex
 from redis.asyncio import Redis
+from test_attacks import drop_reply
 
 from ctxstore import (
     ConflictError,
@@ -33,36 +32,8 @@ from ctxstore import (
     TenantLimits,
 )
 from ctxstore._keys import tenant_sessions_key
-from ctxstore._scripts import SCRIPTS, Script
+from ctxstore._scripts import SCRIPTS
 from ctxstore.testing import ManualClock
-
-
-def drop_reply_once(
-    store: ContextStore,
-    monkeypatch: pytest.MonkeyPatch,
-    script: Script,
-    between: Callable[[], Awaitable[Any]] | None = None,
-) -> list[bool]:
-    """Make the first reply of ``script`` get lost after Redis applied it.
-
-    ``between`` runs after the script was applied and before the SDK retries
-    (another pod's write, say). Returns a list that holds True once dropped.
-    """
-    real = store._connection.node_call
-    dropped: list[bool] = []
-
-    async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
-        replies = await real(key, commands, **kwargs)
-        applied = not isinstance(replies[0], rex.NoScriptError)  # a cold script cache
-        if commands[0][1] in (script.sha, script.source) and applied and not dropped:
-            dropped.append(True)
-            if between is not None:
-                await between()
-            raise rex.ConnectionError("connection lost before the reply")
-        return replies
-
-    monkeypatch.setattr(store._connection, "node_call", node_call)
-    return dropped
 
 
 @pytest.fixture
@@ -82,7 +53,7 @@ async def test_a_clear_whose_reply_was_lost_is_answered_on_retry_and_keeps_a_lat
     """Clear applied, reply lost, another pod appends, the SDK retries: the clear's own result."""
     await store.append_many("s", [turn(i) for i in range(3)])
     later = turn(99)
-    dropped = drop_reply_once(
+    dropped = drop_reply(
         store, monkeypatch, SCRIPTS.rewrite, between=lambda: other.append("s", later)
     )
     if emptying == "clear":
@@ -99,7 +70,7 @@ async def test_a_replace_whose_reply_was_lost_names_its_own_entries_on_retry(
 ) -> None:
     """A replace of two messages, reply lost, an append in between: the retry names the two."""
     await store.append("s", turn(0))
-    dropped = drop_reply_once(
+    dropped = drop_reply(
         store, monkeypatch, SCRIPTS.rewrite, between=lambda: other.append("s", turn(5))
     )
     result = await store.replace("s", [turn(1), turn(2)])
@@ -186,7 +157,7 @@ async def test_a_delete_whose_reply_was_lost_answers_true_on_retry(
 ) -> None:
     """Delete applied, reply lost, SDK retries: True (it existed), not False."""
     await store.append("s", turn(0))
-    dropped = drop_reply_once(store, monkeypatch, SCRIPTS.delete)
+    dropped = drop_reply(store, monkeypatch, SCRIPTS.delete)
     assert await store.delete("s") is True
     assert dropped == [True]
     assert await store.delete("s") is False
