@@ -746,7 +746,7 @@ class Connection:
         self,
         script: Script,
         keys: tuple[str, ...],
-        args: tuple[Any, ...],
+        args: tuple[Any, ...] | Callable[[], tuple[Any, ...]],
         *,
         session: str | None = None,
         replicas: int = 0,
@@ -758,7 +758,8 @@ class Connection:
         Args:
             script: The script.
             keys: Its KEYS (one slot).
-            args: Its ARGV.
+            args: Its ARGV, or what gives them, asked once per attempt (a retry
+                may send other arguments: an append's retry looks its keys up).
             session: For error messages.
             replicas: Wait until this many replicas have the script's writes
                 (``WAIT``, on the same connection), up to
@@ -779,20 +780,21 @@ class Connection:
             raise ValueError("commands after a script share its connection: standalone only")
         wait = [("WAIT", replicas, self._settings.replica_ack_timeout_ms)] if replicas else []
         functions = self._settings.script_mode == "functions"
-        call = (
-            ("FCALL", script.function, len(keys), *keys, *args)
-            if functions
-            else ("EVALSHA", script.sha, len(keys), *keys, *args)
-        )
 
         async def op() -> Any:
+            argv = args() if callable(args) else args
+            call = (
+                ("FCALL", script.function, len(keys), *keys, *argv)
+                if functions
+                else ("EVALSHA", script.sha, len(keys), *keys, *argv)
+            )
             replies = await self.node_call(keys[0], [call, *after, *wait])
             for command, reply in zip(after, replies[1:], strict=False):
                 if isinstance(reply, Exception):
                     log.warning("%s after %s refused: %s", command[0], script.name, reply)
             if isinstance(replies[0], rex.NoScriptError):  # the commands after it did run
                 replies = await self.node_call(
-                    keys[0], [("EVAL", script.source, len(keys), *keys, *args), *wait]
+                    keys[0], [("EVAL", script.source, len(keys), *keys, *argv), *wait]
                 )
             if (
                 functions

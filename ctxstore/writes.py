@@ -147,13 +147,6 @@ class Writer:
         check_int(expected_seq, "expected_seq", low=0, optional=True, session=session)
         limits = await self._quotas.resolved(session)
         settings = self._scope.settings
-        head = (
-            "" if expected_seq is None else expected_seq,
-            settings.idempotency_window,
-            settings.summary_trigger_tokens,
-            len(messages),
-            int(settings.idempotency_seconds * 1000),
-        )
         limited = (
             limits.ttl_arg,
             limits.session_bytes,
@@ -190,7 +183,27 @@ class Writer:
         )
         connection = self._scope.connection
 
-        async def send(declared: tuple[str, ...], argv: tuple[Any, ...], after: Commands) -> Any:
+        # Keys this writer made for this call were never recorded before its first attempt:
+        # that attempt alone skips looking them up (a negative count: see append.lua). Every
+        # later one (a retry, the full form after the lean one, a run under a reservation)
+        # looks them up, since an attempt whose reply was lost may have written.
+        attempts = 0
+
+        async def send(declared: tuple[str, ...], form: tuple[Any, ...], after: Commands) -> Any:
+            def argv() -> tuple[Any, ...]:
+                nonlocal attempts
+                attempts += 1
+                made = attempts == 1 and idempotency_keys is None
+                return (
+                    "" if expected_seq is None else expected_seq,
+                    settings.idempotency_window,
+                    settings.summary_trigger_tokens,
+                    -len(messages) if made else len(messages),
+                    int(settings.idempotency_seconds * 1000),
+                    *form,
+                    *args,
+                )
+
             return await connection.script(
                 SCRIPTS.append,
                 declared,
@@ -203,11 +216,11 @@ class Writer:
 
         async def run(reservation: tuple[str, int], after: Commands) -> Any:
             if lean and reservation == NO_RESERVATION and session not in self._full:
-                reply = await send(lean_keys, (*head, *args), after)
+                reply = await send(lean_keys, (), after)
                 if text(reply[0]) != Reply.KEYS:
                     return reply
                 after = ()  # sent with the lean form already
-            reply = await send(full_keys, (*head, *limited, *reservation, now, *args), after)
+            reply = await send(full_keys, (*limited, *reservation, now), after)
             if text(reply[0]) == Reply.OK:  # the session's TTL, as the script found it
                 if reply[4]:
                     self._full.put(session, True)

@@ -49,7 +49,7 @@ def sent(store: ContextStore) -> list[tuple[int, int]]:
             if command[0] in ("EVALSHA", "EVAL", "FCALL") and command[1] in names:
                 keys = int(command[2])
                 argv = command[3 + keys :]
-                runs.append((keys, len(argv) - 8 * int(argv[3])))  # ARGV[4]: the messages
+                runs.append((keys, len(argv) - 8 * abs(int(argv[3]))))  # ARGV[4]: the messages
         return await real(key, commands, **kwargs)
 
     store._connection.node_call = node_call  # type: ignore[method-assign]
@@ -415,6 +415,37 @@ async def test_the_lean_form_touches_only_the_keys_it_declares(servers: ServerPo
     assert any(command[0] == b"RENAME" for c in lean for command in c.inner)
     assert checked > 50
     assert bad == []
+
+
+async def test_keys_the_sdk_made_are_looked_up_on_every_attempt_but_the_first(
+    servers: ServerPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under MONITOR: a call's own keys skip the lookup once; a retry and a caller's keys don't.
+
+    A key the SDK made for this call cannot have been recorded before the call's first
+    attempt. A retry's first attempt may have written (its reply lost): it looks up, and
+    answers with the entry written, never a second one.
+    """
+    server = servers.start()
+    settings = Settings(redis_url=server.url(), key_prefix="mk", queue_name="mk:q")
+    async with ContextStore.from_settings(settings, tenant="acme") as pod:
+        await pod.append("s", turn(0))
+        idem = pod.keys("s").idem.encode()
+        async with Monitor(server.port) as monitor:
+            await pod.append("s", turn(1))  # its own key, first attempt: no lookup
+            await pod.append_many("s", [turn(2), turn(3)])
+            await pod.append("s", turn(4), idempotency_key="mine")  # the caller's: looked up
+            dropped = drop_reply(pod, monkeypatch, SCRIPTS.append, keys=LEAN[0])
+            result = await pod.append("s", turn(5))  # applied, reply lost: the retry looks up
+            calls = script_calls(await monitor.drain())
+        assert dropped == [True] and result.duplicate and result.seq == 6
+        looked = [
+            sum(1 for c in call.inner if c[0].upper() == b"HGET" and c[1] == idem) for call in calls
+        ]
+        assert looked == [0, 0, 1, 0, 1]
+        added = [sum(1 for c in call.inner if c[0].upper() == b"XADD") for call in calls]
+        assert added == [1, 2, 1, 1, 0]  # the retry wrote nothing more
+        assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(6)]
 
 
 # -- the three-pod machine, with the lean form ---------------------------------------------

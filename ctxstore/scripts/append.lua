@@ -20,7 +20,9 @@
 -- ARGV[1] expected seq, or '' to append unconditionally
 -- ARGV[2] idempotency window: keys per generation, at most
 -- ARGV[3] summary threshold: tokens past the watermark that make a summary due (0: never)
--- ARGV[4] n, the number of messages
+-- ARGV[4] n, the number of messages; -n when every idempotency key is new: made by the
+--         SDK for this call, on its first attempt (so none is looked up: a retry, whose
+--         first attempt may have written, sends n)
 -- ARGV[5] idempotency period (ms): a generation also ends after this long; it
 --         expires two periods after it began (one after it ends, once renamed old)
 -- the full form only (the lean form has no TTL, quota, reservation or clock):
@@ -76,17 +78,23 @@ local count = (meta[3] or 0) + 0
 local tokens = (meta[4] or 0) + 0
 local idem_n = (meta[6] or 0) + 0
 local n = ARGV[4] + 0
+local made = n < 0  -- every key new: none can have been recorded
+if made then n = -n end
 local ttl = tonumber(meta[5]) or tonumber(default_ttl)
 if lean and ttl and ttl > 0 then return {'keys'} end  -- every key's expiry must move
 
 local seen = {}
 local fresh = 0
-for i = 1, n do
-  local key = ARGV[FIRST + (i - 1) * PER + 3]
-  -- The previous generation too, even with no meta: a delete keeps both.
-  local prev = redis.call('HGET', KEYS[3], key) or redis.call('HGET', KEYS[4], key)
-  seen[i] = prev
-  if not prev then fresh = fresh + 1 end
+if made then
+  fresh = n
+else
+  for i = 1, n do
+    local key = ARGV[FIRST + (i - 1) * PER + 3]
+    -- The previous generation too, even with no meta: a delete keeps both.
+    local prev = redis.call('HGET', KEYS[3], key) or redis.call('HGET', KEYS[4], key)
+    seen[i] = prev
+    if not prev then fresh = fresh + 1 end
+  end
 end
 
 local creating = seq == nil and fresh > 0
