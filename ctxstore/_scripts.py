@@ -85,11 +85,19 @@ def _definitions(lib: bytes) -> list[tuple[bytes, bytes]]:
     return [(name, lib[start:end]) for (name, start), end in zip(starts, ends, strict=True)]
 
 
+_COMMENT = re.compile(rb"--[^\n]*")
+"""A Lua comment (no script writes ``--`` inside a string: a test checks)."""
+
+
 def _used(lib: bytes, body: bytes) -> bytes:
-    """The definitions of ``lib`` that ``body`` calls, directly or through another one."""
+    """The definitions of ``lib`` that ``body`` calls, directly or through another one.
+
+    Names are looked for in the code alone: a function a comment mentions is not
+    carried (each one carried is a closure made on every call).
+    """
     definitions = _definitions(lib)
     needed: set[bytes] = set()
-    text = body
+    text = _COMMENT.sub(b"", body)
     while True:
         found = {
             name
@@ -99,7 +107,7 @@ def _used(lib: bytes, body: bytes) -> bytes:
         if not found:
             break
         needed |= found
-        text = b"".join(part for name, part in definitions if name in found)
+        text = _COMMENT.sub(b"", b"".join(part for name, part in definitions if name in found))
     return b"".join(part for name, part in definitions if name in needed)
 
 

@@ -252,6 +252,13 @@ def test_each_script_carries_every_shared_function_it_calls_and_no_other() -> No
         code = "\n".join(line.split("--", 1)[0] for line in source.splitlines())
         used = {name for name in names if re.search(rf"(?<!function )\b{name}\b", code)}
         assert used <= set(carried), f"{script} calls {used - set(carried)} without them"
+        assert set(carried) <= used, f"{script} carries {set(carried) - used} it never calls"
+    # What is looked for is code: a comment is a line's end from its `--`, so no string may
+    # hold one (the text before a `--` closes every quote it opens).
+    for text in (_LIB, *_BODIES.values()):
+        for line in text.decode().splitlines():
+            before = line.split("--", 1)[0]
+            assert before.count("'") % 2 == 0 and before.count('"') % 2 == 0, line
     # Not every script takes the whole library.
     assert len(SCRIPTS.enqueue.source) == len(_BODIES["enqueue"])
     assert len(SCRIPTS.append.source) < len(_LIB) + len(_BODIES["append"])
