@@ -188,6 +188,7 @@ class Writer:
         # later one (a retry, the full form after the lean one, a run under a reservation)
         # looks them up, since an attempt whose reply was lost may have written.
         attempts = 0
+        count = len(entries)  # as serialized: the caller may change its list meanwhile
 
         async def send(declared: tuple[str, ...], form: tuple[Any, ...], after: Commands) -> Any:
             def argv() -> tuple[Any, ...]:
@@ -198,7 +199,7 @@ class Writer:
                     "" if expected_seq is None else expected_seq,
                     settings.idempotency_window,
                     settings.summary_trigger_tokens,
-                    -len(messages) if made else len(messages),
+                    -count if made else count,
                     int(settings.idempotency_seconds * 1000),
                     *form,
                     *args,

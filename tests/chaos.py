@@ -11,7 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import AsyncIterator
 from typing import Any
+
+from redis.asyncio import Redis
+
+from ctxstore import Settings
 
 
 class DroppingProxy:
@@ -97,3 +102,24 @@ class DroppingProxy:
             for writer in (client_w, upstream_w):
                 writer.close()
             self._tasks.discard(task)
+
+
+@contextlib.asynccontextmanager
+async def dropping(
+    settings: Settings, redis_url: str, *, drop_rate: float, seed: int, **retries: Any
+) -> AsyncIterator[tuple[Settings, DroppingProxy]]:
+    """``settings`` pointed at a :class:`DroppingProxy` in front of ``redis_url``.
+
+    ``retries``: settings of the SDK's retries (``retry_attempts``...). The proxy
+    stops on exit.
+    """
+    client = Redis.from_url(redis_url)
+    kwargs = client.connection_pool.connection_kwargs
+    await client.aclose()
+    proxy = DroppingProxy(kwargs, drop_rate=drop_rate, seed=seed)
+    port = await proxy.start()
+    url = f"redis://127.0.0.1:{port}/{kwargs.get('db', 0)}"
+    try:
+        yield settings.model_copy(update={"redis_url": url, **retries}), proxy
+    finally:
+        await proxy.stop()

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import hypothesis
 import pytest
-from chaos import DroppingProxy
+from chaos import dropping
 from helpers import append_until_due, paired, turn
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
@@ -402,18 +402,14 @@ async def _proxied_appends_and_replaces(
     Each pod retries an append that failed after the SDK's own retries with the
     same idempotency key (its outcome was unknown). Returns (dropped replies, audits).
     """
-    client = Redis.from_url(redis_url)
-    kwargs = client.connection_pool.connection_kwargs
-    await client.aclose()
-    proxy = DroppingProxy(kwargs, drop_rate=0.25, seed=7)
-    port = await proxy.start()
-    flaky = settings.model_copy(
-        update={
-            "redis_url": f"redis://127.0.0.1:{port}/{kwargs.get('db', 0)}",
-            "retry_attempts": 3,
-            "retry_base_delay": 0.001,
-            "retry_max_delay": 0.005,
-        }
+    proxied = dropping(
+        settings,
+        redis_url,
+        drop_rate=0.25,
+        seed=7,
+        retry_attempts=3,
+        retry_base_delay=0.001,
+        retry_max_delay=0.005,
     )
     sessions = ["busy", "quiet"]
     acks: dict[str, list[Ack]] = {s: [] for s in sessions}
@@ -440,10 +436,8 @@ async def _proxied_appends_and_replaces(
                 result = await pod.replace("busy", [{"role": "assistant", "content": f"r{r}"}])
                 rewrites["busy"].append(result)
 
-    try:
+    async with proxied as (flaky, proxy):
         await asyncio.gather(*(writer(w) for w in range(writers)), replacer())
-    finally:
-        await proxy.stop()
     found = []
     async with ContextStore.from_settings(settings, tenant=tenant) as direct:
         for session in sessions:
@@ -484,14 +478,7 @@ async def test_deletes_racing_appends_through_a_dropping_proxy_each_delete_once(
     settings: Settings, redis_url: str, tenant: str, raw_redis: Redis
 ) -> None:
     """3 pods append, 1 deletes, 25% of replies lost: deletions of each session == True deletes."""
-    client = Redis.from_url(redis_url)
-    kwargs = client.connection_pool.connection_kwargs
-    await client.aclose()
-    proxy = DroppingProxy(kwargs, drop_rate=0.25, seed=3)
-    port = await proxy.start()
-    flaky = settings.model_copy(
-        update={"redis_url": f"redis://127.0.0.1:{port}/{kwargs.get('db', 0)}", "retry_attempts": 3}
-    )
+    proxied = dropping(settings, redis_url, drop_rate=0.25, seed=3, retry_attempts=3)
     sessions = [f"s{i}" for i in range(4)]
     said_true = dict.fromkeys(sessions, 0)
     unknown = dict.fromkeys(sessions, 0)  # deletes that gave up: they may have deleted
@@ -517,10 +504,8 @@ async def test_deletes_racing_appends_through_a_dropping_proxy_each_delete_once(
                     unknown[session] += 1
                 await asyncio.sleep(0.002)  # let appends recreate it
 
-    try:
+    async with proxied as (flaky, proxy):
         await asyncio.gather(*(appender(w) for w in range(3)), deleter())
-    finally:
-        await proxy.stop()
     assert proxy.dropped > 100
     deletions = {}
     for session in sessions:

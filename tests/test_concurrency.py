@@ -16,7 +16,7 @@ from typing import Any
 
 import procs
 import pytest
-from chaos import DroppingProxy
+from chaos import dropping
 from conftest import RUN_PREFIX
 from redis.asyncio import Redis
 from servers import PrivateRedis, any_redis_binary, redis7_binary
@@ -113,33 +113,26 @@ async def test_appends_through_a_dropping_connection_are_not_doubled(
     redis_url: str, tenant: str, settings: Settings
 ) -> None:
     """Replies cut after Redis applied the append: retries reuse the key; no doubles, no loss."""
-    client = Redis.from_url(redis_url)
-    kwargs = client.connection_pool.connection_kwargs
-    await client.aclose()
-    proxy = DroppingProxy(kwargs, drop_rate=0.3, seed=11)
-    port = await proxy.start()
-    flaky = settings.model_copy(
-        update={
-            "redis_url": f"redis://127.0.0.1:{port}/{kwargs.get('db', 0)}",
-            "retry_attempts": 20,
-            "retry_base_delay": 0.001,
-            "retry_max_delay": 0.01,
-        }
+    proxied = dropping(
+        settings,
+        redis_url,
+        drop_rate=0.3,
+        seed=11,
+        retry_attempts=20,
+        retry_base_delay=0.001,
+        retry_max_delay=0.01,
     )
-    try:
-        async with ContextStore.from_settings(flaky, tenant=tenant) as store:
-            acks = []
-            for i in range(300):
-                result = await store.append("flaky", {"role": "user", "content": f"m{i}"})
-                acks.append(result)
-            batches = [
-                await store.append_many(
-                    "flaky", [{"role": "user", "content": f"b{i}-{k}"} for k in range(3)]
-                )
-                for i in range(50)
-            ]
-    finally:
-        await proxy.stop()
+    async with proxied as (flaky, proxy), ContextStore.from_settings(flaky, tenant=tenant) as store:
+        acks = []
+        for i in range(300):
+            result = await store.append("flaky", {"role": "user", "content": f"m{i}"})
+            acks.append(result)
+        batches = [
+            await store.append_many(
+                "flaky", [{"role": "user", "content": f"b{i}-{k}"} for k in range(3)]
+            )
+            for i in range(50)
+        ]
     assert proxy.dropped > 50  # the failure really happened, many times
     async with ContextStore.from_settings(settings, tenant=tenant) as direct:
         stored = await direct.get_messages("flaky")
