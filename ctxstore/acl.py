@@ -55,7 +55,7 @@ STORE = (
     "del", "exec", "exists", "fcall", "get", "hdel", "hexists", "hget", "hgetall",
     "hincrby", "hkeys", "hlen", "hmget", "hset", "hvals", "multi", "discard", "persist",
     "pexpire", "pttl", "rename", "sadd", "set", "time", "wait", "xadd", "xdel", "xlen", "xrange",
-    "xrevrange", "zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zrem",
+    "xrevrange", "xtrim", "zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zrem",
     "zrevrangebyscore", "zscan", "zscore",
 )  # fmt: skip
 """The SDK's commands (WAIT for ``replica_acks``, FCALL for ``script_mode=functions``),

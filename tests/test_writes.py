@@ -31,6 +31,7 @@ from ctxstore import (
     Settings,
     TenantLimits,
 )
+from ctxstore._formats import entry_order
 from ctxstore._keys import tenant_sessions_key
 from ctxstore._scripts import SCRIPTS
 from ctxstore.testing import ManualClock
@@ -81,6 +82,31 @@ async def test_a_replace_whose_reply_was_lost_names_its_own_entries_on_retry(
 
 
 # -- finding 2: a consumed lease --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("emptying", ["replace", "clear"])
+async def test_a_replaced_history_never_hands_out_an_id_the_old_one_had(
+    store: ContextStore, raw_redis: Redis, emptying: str
+) -> None:
+    """The new entries' ids come after every id the old log gave, even in the same ms.
+
+    The old log's last id is set ahead of the clock (what the same millisecond, or a
+    clock stepped back, would give): a log deleted and made again started over below it,
+    so an id kept from before (a recall tool's) named a message of the new history.
+    """
+    old = await store.append_many("s", [turn(0), turn(1)])
+    ahead = f"{int(time.time() * 1000) + 60_000}-7"
+    await raw_redis.execute_command("XSETID", store.keys("s").log, ahead)
+    if emptying == "clear":
+        await store.clear("s")
+        [new] = await store.append_many("s", [turn(2)])
+        ids = (new.entry_id,)
+    else:
+        ids = (await store.replace("s", [turn(2), turn(3)])).entry_ids
+    assert all(entry_order(i) > entry_order(ahead) for i in ids)
+    for kept in old:
+        assert await store.get_entry("s", kept.entry_id) is None
+    assert len(await store.get_messages("s")) == len(ids)
 
 
 async def test_a_consumed_lease_cannot_replace_again(store: ContextStore) -> None:
