@@ -125,13 +125,12 @@ def valid_session_keys(prefix: str, tenant: str, session: str) -> SessionKeys:
     """The keys of a session whose id is validated here: a valid id is checked once.
 
     Every call of a store asks for them (a view twice). Only an exact ``str``
-    may be looked up here (the caller checks): any other id goes to
-    :func:`validate_id`, which refuses it, uncached.
+    may be looked up here (the caller makes one with :func:`validate_id`): a
+    subclass's own ``__eq__`` and ``__hash__`` could find another id's keys.
     """
     return session_keys(prefix, tenant, validate_id(session, "session"))
 
 
-@lru_cache(maxsize=4096)
 def session_keys(prefix: str, tenant: str, session: str) -> SessionKeys:
     """Format the keys of one session (ids must be validated already)."""
     base = f"{prefix}:{{{tenant}:{session}}}:"

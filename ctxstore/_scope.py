@@ -59,9 +59,9 @@ class Scope:
         Raises:
             InvalidIdError: ``session`` is not a valid id.
         """
-        if type(session) is str:  # validated once per id; anything else is refused below
-            return _keys.valid_session_keys(self.prefix, self.tenant, session)
-        return _keys.session_keys(self.prefix, self.tenant, _keys.validate_id(session, "session"))
+        if type(session) is not str:  # refused, or its characters as an exact str
+            session = _keys.validate_id(session, "session")
+        return _keys.valid_session_keys(self.prefix, self.tenant, session)
 
     @property
     def period_ms(self) -> int:

@@ -186,9 +186,9 @@ class ContextStore:
         learns (the tenant's limits, the sessions whose appends need the full
         form, how far back its views read) is not lost between requests.
         """
-        cached = self._tenants.get(tenant) if type(tenant) is str else None
-        if cached is not None:
-            return cached
+        store = self._tenants.get(tenant) if type(tenant) is str else None
+        if store is not None:
+            return store
         store = ContextStore(
             self._connection.client,
             tenant=tenant,
@@ -202,8 +202,7 @@ class ContextStore:
             _warm=self._viewer.warm,
             _tenants=self._tenants,
         )
-        if type(tenant) is str:
-            self._tenants.put(tenant, store)
+        self._tenants.put(store.tenant, store)  # validated: an exact str
         return store
 
     async def aclose(self) -> None:

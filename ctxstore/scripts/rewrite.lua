@@ -98,7 +98,7 @@ local segments = held_segments(KEYS[2], KEYS[13])
 -- The log is emptied, not deleted: a stream keeps the last id it gave, so the new history's
 -- ids come after every id of the old one (an id kept from before, a recall tool's or a
 -- caller's, never names a message of the new history, even within the same millisecond).
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('XTRIM', KEYS[1], 'MAXLEN', 0) end
+redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)  -- none there: nothing made
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[7], KEYS[10], KEYS[11], KEYS[12], KEYS[13])
 redis.call('HDEL', KEYS[2], 'chain', 'base', 'origin')
 local out = {'ok', epoch, seq, n, superseded, segments}
