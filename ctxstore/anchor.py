@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,8 +274,8 @@ class Viewer:
         if int(meta[0] or 0) != snap.epoch:
             return None
         levels = codec.summary_levels(session, fields, meta[0] or b"0", meta[1], role)
-        while not snap.complete and _raw_cost(snap, size, shape) < size:
-            await self._read_back(session, keys, snap, size, shape)
+        while not snap.complete and (want := _entries_short(snap, size, shape)):
+            await self._read_back(session, keys, snap, want)
         plan, new = self._plan(snap, size, shape, levels)
         if plan is None or new is None:
             return plan
@@ -324,8 +326,16 @@ class Viewer:
             snap = await self._cold_snapshot(session, keys, size, held)
         start = entry_order(snap.anchor.start) if snap.anchor and snap.anchor.start else None
         shape = self.shape
-        while not snap.complete and not _reached(snap, start, size, shape):
-            await self._read_back(session, keys, snap, size, shape)
+        while not snap.complete:
+            if start is None:  # a budget's worth
+                want = _entries_short(snap, size, shape)
+            elif snap.tail and entry_order(snap.tail[0].entry_id) <= start:
+                want = 0
+            else:  # back to the anchor's start, however many entries that is: twice as many
+                want = min(max(len(snap.tail), 8) * 2, _READ_BACK_MOST)
+            if not want:
+                break
+            await self._read_back(session, keys, snap, want)
         if not snap.warm:
             self._counts.put((session, size), max(8, len(snap.tail) + 4))
         return snap
@@ -356,7 +366,7 @@ class Viewer:
         trip) if not.
         """
         connection, codec = self._scope.connection, self._scope.codec
-        count = self._counts.get((session, size)) or max(8, size // 150)
+        count = self._counts.get((session, size)) or max(8, size // _GUESS_TOKENS)
         start = self._starts.get((session, size))
         if start:
             count *= 2  # only a cap: the read stops at the last view's start
@@ -469,17 +479,14 @@ class Viewer:
         snap.warm = True
         return snap
 
-    async def _read_back(
-        self, session: str, keys: SessionKeys, snap: Snapshot, size: int, shape: Shape
-    ) -> None:
-        """Read the next older batch into ``snap.tail`` (checking the epoch).
+    async def _read_back(self, session: str, keys: SessionKeys, snap: Snapshot, count: int) -> None:
+        """Read the next ``count`` older entries into ``snap.tail`` (checking the epoch).
 
         Raises:
             EpochChangedError: A replace or clear came between the reads.
         """
         if snap.complete:
             return
-        count = min(max(len(snap.tail), 8) * 2, 10_000)
         # Older than what was read; with nothing read yet, no newer than the log's end at
         # the first read: an entry appended since is not in the counters that read took.
         if snap.tail:
@@ -576,15 +583,37 @@ class _Relayout(Exception):
     """The live log was frozen under a read (a fork): read the view again."""
 
 
-def _raw_cost(snap: Snapshot, size: int, shape: Shape) -> int:
+_GUESS_TOKENS = 150
+"""The tokens of an entry, guessed before any is read."""
+_READ_BACK_MOST = 10_000
+"""The most entries one read back asks for."""
+
+
+def _entries_short(snap: Snapshot, size: int, shape: Shape) -> int:
+    """How many older entries to read for the tail to hold ``size`` tokens (0: it does).
+
+    Sized by the tail's mean entry, a quarter more and at least 8 (a short guess
+    costs one more round trip): a step whose tail is a few entries short of the
+    budget reads those, not twice the tail again (a hundred 1 KB entries sent for
+    a handful). A tail that holds the budget but starts inside a tool exchange
+    (a result whose call is older) reads on, up to twice the budget, so the plan
+    sees the exchange whole and never cuts it.
+    """
     protected = {e.entry_id for e in snap.protected}
-    return sum(form_cost(e, size, shape) for e in snap.tail if e.entry_id not in protected)
+    costs = [form_cost(e, size, shape) for e in snap.tail if e.entry_id not in protected]
+    held = sum(costs)
+    short = size - held
+    if short <= 0:
+        return 8 if held < 2 * size and _opens_inside_exchange(snap.tail) else 0
+    mean = max(1.0, held / len(costs)) if costs else _GUESS_TOKENS
+    return min(max(8, math.ceil(1.25 * short / mean)), _READ_BACK_MOST)
 
 
-def _reached(snap: Snapshot, start: tuple[int, int] | None, size: int, shape: Shape) -> bool:
-    """True when the tail reaches back to the anchor's start (no anchor: a budget's worth)."""
-    if not snap.tail:
-        return False
-    if start is not None:
-        return entry_order(snap.tail[0].entry_id) <= start
-    return _raw_cost(snap, size, shape) >= size
+def _opens_inside_exchange(tail: Sequence[Entry]) -> bool:
+    """True when an entry of ``tail`` answers a call no entry before it in ``tail`` made."""
+    called: set[str] = set()
+    for entry in tail:
+        if any(rid not in called for rid in entry.results):
+            return True
+        called.update(entry.calls)
+    return False

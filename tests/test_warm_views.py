@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
@@ -26,8 +27,10 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from ctxstore import ContextStore, LocalSummarizer, RequestView, Settings
+from ctxstore._codec import Entry
+from ctxstore._shape import Shape
 from ctxstore._warm_views import READY_OVERHEAD, ahead_size, held_size
-from ctxstore.anchor import WarmViews, _make_ready, _Warm
+from ctxstore.anchor import Snapshot, WarmViews, _entries_short, _make_ready, _Warm
 from ctxstore.testing import orphans
 
 
@@ -72,6 +75,49 @@ async def test_a_warm_view_reads_only_the_new_entries(settings: Settings, tenant
         # One view in a few moves the anchor and reads back itself; the others read only
         # what is new.
         assert sum(1 for r, i in zip(reads, range(300, 340), strict=True) if r == 1 + i % 3) >= 30
+
+
+async def test_a_step_reads_back_what_the_budget_lacks_not_the_tail_again(
+    settings: Settings, tenant: str
+) -> None:
+    """A warm pod moving its anchor reads the few entries its budget lacks, exchanges whole."""
+    async with pods(settings, tenant) as (a, _, c):
+        await a.append("s", SYSTEM)
+        await a.append_many("s", [turn(i) for i in range(300)])
+        last = (await a.view("s", token_budget=2_000)).stats.tokens
+        steps = []
+        for i in range(300, 400):
+            new = [user(f"q{i}"), oa_call(f"c{i}"), oa_result(f"c{i}", "out " * 40)]
+            await a.append_many("s", new[: 1 + i % 3])
+            view = await a.view("s", token_budget=2_000)
+            assert dumped(view) == dumped(await c.view("s", token_budget=2_000))
+            assert orphans(view.messages) == 0
+            if view.stats.tokens < last:  # the anchor moved: the step read back
+                steps.append(view.stats.entries_read)
+            last = view.stats.tokens
+        # A 2,000-token tail is some 40 entries here: reading it twice over would be 80.
+        assert len(steps) >= 5 and max(steps) <= 16, steps
+
+
+def test_a_read_back_sized_by_what_the_budget_lacks_and_by_open_exchanges() -> None:
+    """How many older entries a view reads: the budget's shortfall, then any open exchange."""
+
+    def entry(n: int, calls: tuple[str, ...] = (), results: tuple[str, ...] = ()) -> Entry:
+        return Entry(f"{n}-0", 100, b"{}", calls, results)
+
+    def short(*tail: Entry) -> int:
+        return _entries_short(Snapshot(epoch=0, count=0, tokens=0, tail=list(tail)), 1_000, Shape())
+
+    assert short() == math.ceil(1.25 * 1_000 / 150)  # nothing read yet: a guess
+    assert short(*(entry(n) for n in range(6))) == 8  # 400 tokens short: 5, at least 8
+    assert short(*(entry(n) for n in range(2))) == 10  # 800 short at 100 each: 10
+    assert short(*(entry(n) for n in range(10))) == 0  # the budget is held
+    # Held, but it starts with the answers to a call made before it: read on.
+    answers = [entry(n, results=(f"c{n}",)) for n in range(3)]
+    assert short(*answers, *(entry(n) for n in range(3, 10))) == 8
+    assert short(entry(0, calls=("c0",)), entry(1, results=("c0",)), *map(entry, range(2, 10))) == 0
+    # Twice the budget is as far as an open exchange is followed.
+    assert short(*answers, *(entry(n) for n in range(3, 20))) == 0
 
 
 async def test_what_other_pods_do_between_two_views_is_never_missed(
@@ -378,16 +424,19 @@ async def test_a_pod_reads_the_protected_copies_once_per_change(
     settings: Settings, tenant: str
 ) -> None:
     """A pod's cold read takes system and pinned copies from its other copy while they hold."""
-    async with pods(settings, tenant) as (a, _, c):
+    async with pods(settings, tenant) as (a, b, c):
         await a.append_many("s", [SYSTEM, system("more rules"), *(turn(i) for i in range(60))])
         await same_as_cold(a, c, "s", 2_000)
-        # Another budget: read cold, but for the two system copies, which a holds.
+        # Another budget, whose anchor b sets (so a and c read the same entries back to it):
+        # read cold, but for the two system copies, which a holds.
+        await b.view("s", token_budget=700)
         warm, cold = await a.view("s", token_budget=700), await c.view("s", token_budget=700)
         assert dumped(warm) == dumped(cold)
         assert warm.stats.entries_read == cold.stats.entries_read - 2
         # A pin changes them: read again, with the new one.
         stored = (await a.read("s")).messages
         assert await c.pin("s", stored[5].entry_id)
+        await b.view("s", token_budget=900)
         warm, cold = await a.view("s", token_budget=900), await c.view("s", token_budget=900)
         assert dumped(warm) == dumped(cold)
         assert warm.stats.entries_read == cold.stats.entries_read
