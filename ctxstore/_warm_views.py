@@ -14,14 +14,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctxstore._codec import Anchor, Entry
+from ctxstore._formats import entry_order
 from ctxstore.view import ViewPlan
 
-__all__ = ["READY_OVERHEAD", "WarmViews", "ahead_size", "held_size"]
+__all__ = ["OWN_MOST", "READY_OVERHEAD", "WarmViews", "ahead_size", "held_size"]
 
 _ENTRY_OVERHEAD = 160 + 300
 """Bytes a cached entry costs beside its data, for the byte budget: the object and its id
 (some 160), and the message decoded from it (its dict and strings, some 300 beside the text,
 counted again: the entries kept are those the view sent, which it decoded)."""
+
+OWN_MOST = 256
+"""The most entries a pod notes of its own appends to a session between two of its views."""
 
 READY_OVERHEAD = 400
 """Bytes charged per message of a kept plan for the caller's copy made ahead: its dicts
@@ -61,6 +65,9 @@ class WarmViews:
         self.bytes = 0
         self._items: OrderedDict[tuple[str, str, int], _Warm] = OrderedDict()
         self._sizes: dict[tuple[str, str], set[int]] = {}
+        # What this pod appended to a kept session since (some of) its copies were read,
+        # oldest first; None: more than OWN_MOST, no longer followed until its next view.
+        self._own: dict[tuple[str, str], list[Entry] | None] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -78,17 +85,81 @@ class WarmViews:
 
         A copy over a quarter of the budget is not kept.
         """
-        self.discard(tenant, session, size)
+        self._drop(tenant, session, size, own=False)  # what it appended meanwhile stays noted
         if warm.size > self.limit // 4:
+            if (tenant, session) not in self._sizes:
+                self._forget_own(tenant, session)
             return False
         key = (tenant, session, size)
         self._items[key] = warm
         self._sizes.setdefault((tenant, session), set()).add(size)
         self.bytes += warm.size
+        self._prune_own(tenant, session)
         while self.bytes > self.limit:
             old_tenant, old_session, old_size = next(iter(self._items))
             self.discard(old_tenant, old_session, old_size)
         return key in self._items
+
+    def holds(self, tenant: str, session: str) -> bool:
+        """True if a copy of ``session`` is kept (for any budget)."""
+        return (tenant, session) in self._sizes
+
+    def add_own(self, tenant: str, session: str, epoch: int, entries: Sequence[Entry]) -> None:
+        """Note entries this pod appended to ``session``: its next view need not read them.
+
+        Only for a session it keeps a copy of in the same ``epoch``, and up to
+        :data:`OWN_MOST` entries between two views (past that, the next view reads
+        them all from Redis).
+        """
+        key = (tenant, session)
+        sizes = self._sizes.get(key)
+        if not sizes or not entries:
+            return
+        if all(self._items[(tenant, session, size)].epoch != epoch for size in sizes):
+            return
+        own = self._own.setdefault(key, [])
+        if own is None:
+            return
+        if len(own) + len(entries) > OWN_MOST:
+            self.bytes -= held_size(own)
+            self._own[key] = None
+            return
+        ordered = not own or entry_order(own[-1].entry_id) < entry_order(entries[0].entry_id)
+        own.extend(entries)
+        if not ordered:  # two tasks appended at once
+            own.sort(key=lambda e: entry_order(e.entry_id))
+        self.bytes += held_size(entries)
+        while self.bytes > self.limit and self._items:
+            old_tenant, old_session, old_size = next(iter(self._items))
+            self.discard(old_tenant, old_session, old_size)
+
+    def own_after(self, tenant: str, session: str, last: str | None) -> list[Entry] | None:
+        """What this pod appended to ``session`` after entry ``last`` (None: any), oldest first.
+
+        ``None`` when it no longer follows them (see :meth:`add_own`).
+        """
+        own = self._own.get((tenant, session), [])
+        if own is None or last is None:
+            return None if own is None else list(own)  # a copy: appends go on meanwhile
+        after = entry_order(last)
+        return [e for e in own if entry_order(e.entry_id) > after]
+
+    def _prune_own(self, tenant: str, session: str) -> None:
+        """Drop what every copy of ``session`` holds already; follow it again if it was not."""
+        key = (tenant, session)
+        own = self._own.get(key, [])
+        if own is None:
+            self._own[key] = []
+            return
+        if not own:
+            return
+        lasts = [
+            entry_order(w.tail[-1].entry_id) if w.tail else (0, 0)
+            for w in (self._items[(tenant, session, size)] for size in self._sizes[key])
+        ]
+        kept = [e for e in own if entry_order(e.entry_id) > min(lasts)]
+        self.bytes -= held_size(own) - held_size(kept)
+        self._own[key] = kept
 
     def any(self, tenant: str, session: str) -> _Warm | None:
         """One of the copies kept of this session, whatever its budget, or ``None``."""
@@ -97,6 +168,10 @@ class WarmViews:
 
     def discard(self, tenant: str, session: str, size: int | None = None) -> None:
         """Forget one view of a session, or (``size`` None) every view of it."""
+        self._drop(tenant, session, size)
+
+    def _drop(self, tenant: str, session: str, size: int | None, *, own: bool = True) -> None:
+        """:meth:`discard`; ``own``: with the last copy, what the pod appended goes too."""
         sizes = self._sizes.get((tenant, session))
         if not sizes:
             return
@@ -107,6 +182,11 @@ class WarmViews:
                 sizes.discard(each)
         if not sizes:
             del self._sizes[(tenant, session)]
+            if own:
+                self._forget_own(tenant, session)
+
+    def _forget_own(self, tenant: str, session: str) -> None:
+        self.bytes -= held_size(self._own.pop((tenant, session), None) or [])
 
     def discard_tenant(self, tenant: str) -> None:
         """Forget every view of a tenant's sessions."""

@@ -96,6 +96,7 @@ class Snapshot:
     warm: bool = False  # read as a warm pod reads: only what was new
     held: ViewPlan | None = None  # a warm pod's last plan, on this same anchor
     new: list[Entry] = field(default_factory=list)  # what a warm read found after its copy
+    own: int = 0  # of which this pod appended (not read from Redis), the first ones
     held_size: int | None = None  # the bytes of that copy
     last_id: bytes | None = None  # the newest entry when a cold read was made
 
@@ -176,7 +177,7 @@ class Viewer:
 
     def _grow(self, snap: Snapshot, size: int, shape: Shape) -> ViewPlan | None:
         """A warm view's plan grown from its last one (:func:`grow`), or ``None``: plan it."""
-        if snap.held is None or snap.read != len(snap.new):
+        if snap.held is None or snap.read + snap.own != len(snap.new):
             return None  # no plan on this anchor, or the read reached back further
         return grow(
             snap.held,
@@ -206,7 +207,7 @@ class Viewer:
             )
             if cut:
                 tail, complete = tail[cut:], False
-        if snap.held_size is not None and not cut and snap.read == len(snap.new):
+        if snap.held_size is not None and not cut and snap.read + snap.own == len(snap.new):
             held = snap.held_size + held_size(snap.new)  # the copy it read, and what was new
         else:
             held = held_size(snap.protected) + held_size(tail)
@@ -416,9 +417,15 @@ class Viewer:
             snap.anchor, snap.anchor_raw = None, None  # left from a replaced history
 
     async def _warm_snapshot(
-        self, session: str, keys: SessionKeys, size: int, warm: _Warm
+        self, session: str, keys: SessionKeys, size: int, warm: _Warm, *, own: bool = True
     ) -> Snapshot | None:
         """Read only what is new since this pod's last view; ``None``: read cold.
+
+        What this pod appended since (``own``: :meth:`WarmViews.add_own`) is not
+        read again: only the entries after its newest are. The count then holds
+        the copy only if nothing else came between (appends alone move it while
+        the epoch stands: a pop moves the epoch); if something did, one more
+        round trip reads everything after the copy.
 
         One round trip reads the entries after the last one kept, then the
         anchor's value (not its summary), then the counters. The copy holds
@@ -437,7 +444,10 @@ class Viewer:
         pod holds.
         """
         connection, codec = self._scope.connection, self._scope.codec
-        low = "(" + warm.tail[-1].entry_id if warm.tail else "-"
+        last = warm.tail[-1].entry_id if warm.tail else None
+        mine = (self.warm.own_after(self._scope.tenant, session, last) if own else None) or []
+        newest = mine[-1].entry_id if mine else last
+        low = "(" + newest if newest else "-"
         rows, anchor, meta = await connection.batch(
             [
                 # Newest first, from the stream's end: XRANGE from an id would walk the
@@ -455,10 +465,13 @@ class Viewer:
             or snap.life != warm.life
             or snap.keep_version != warm.keep_version
             or len(rows) >= _WARM_LIMIT
-            or snap.count != warm.count + len(rows)
         ):
             return None
-        snap.new = [codec.entry(session, row) for row in reversed(rows)]
+        if snap.count != warm.count + len(mine) + len(rows):
+            # Something came between (or a pop, if nothing was its own): read all that is new.
+            return await self._warm_snapshot(session, keys, size, warm, own=False) if mine else None
+        snap.new = [*mine, *(codec.entry(session, row) for row in reversed(rows))]
+        snap.own = len(mine)
         if (anchor or None) == warm.anchor_raw:
             snap.anchor, snap.anchor_raw = warm.anchor, warm.anchor_raw
             snap.held = warm.plan

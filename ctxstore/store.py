@@ -141,7 +141,9 @@ class ContextStore:
             _warm if _warm is not None else WarmViews(settings.view_cache_bytes),
             self._lineage,
         )
-        self._writer = Writer(scope, self._quotas, self._index, self._handoff, self._lineage)
+        self._writer = Writer(
+            scope, self._quotas, self._index, self._handoff, self._lineage, self._viewer.warm
+        )
         self._summaries = Summaries(scope, self._reader, self._handoff)
         self._searcher = Searcher(scope, self._reader)
         self._checkpoints = Checkpoints(scope, self._quotas)

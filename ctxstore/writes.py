@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ctxstore._codec import Kind, Meta, Reply, join_ids, text
+from ctxstore._codec import Entry, Kind, Meta, Reply, ids, join_ids, text
 from ctxstore._connection import Commands
 from ctxstore._formats import REASONING, item_type
 from ctxstore._keys import SessionKeys
@@ -32,6 +32,7 @@ from ctxstore._validate import (
     check_int,
     check_messages,
 )
+from ctxstore._warm_views import WarmViews
 from ctxstore.errors import (
     ConflictError,
     CtxstoreError,
@@ -103,6 +104,8 @@ class Writer:
         quotas: The tenant's limits.
         index: The tenant's index of sessions.
         handoff: Where a due summary goes.
+        lineage: The tenant's frozen segments.
+        warm: The views this process keeps: told what it appends to them.
     """
 
     def __init__(
@@ -112,8 +115,10 @@ class Writer:
         index: TenantIndex,
         handoff: Handoff,
         lineage: Lineage,
+        warm: WarmViews | None = None,
     ) -> None:
         self._scope = scope
+        self._warm = warm
         self._quotas = quotas
         self._index = index
         self._handoff = handoff
@@ -243,11 +248,49 @@ class Writer:
             )
             for i in range(5, len(reply), 4)
         ]
+        if self._warm is not None:
+            self._note_own(session, entries, results)
         if reply[3]:  # its history starts in segments: they must outlive it
             await self._lineage.keep_alive(session, reply[3], reply[4])
         if due:
             await self._handoff.due(self._scope.tenant, session, due)
         return results
+
+    def _note_own(
+        self, session: str, entries: list[tuple[Any, ...]], results: list[AppendResult]
+    ) -> None:
+        """Tell the views this process keeps of ``session`` what this append added to it.
+
+        Each as a view reads it from the stream (:meth:`Codec.entry`): the next view
+        need not read it back. Not system or pinned messages: those change the
+        protected copies, which every view then reads again.
+        """
+        assert self._warm is not None
+        if not self._warm.holds(self._scope.tenant, session):
+            return
+        codec = self._scope.codec
+        added = []
+        epoch = -1
+        for (data, tokens, kind, calls, answers, preview, preview_tokens), result in zip(
+            entries, results, strict=True
+        ):
+            if result.duplicate:
+                continue
+            if kind:
+                return
+            epoch = result.epoch
+            added.append(
+                Entry(
+                    result.entry_id,
+                    tokens,
+                    codec.open(session, data),
+                    ids(calls.encode()),
+                    ids(answers.encode()),
+                    preview_data=codec.open(session, preview) if preview else None,
+                    preview_tokens=preview_tokens if preview else 0,
+                )
+            )
+        self._warm.add_own(self._scope.tenant, session, epoch, added)
 
     async def rewrite(
         self,

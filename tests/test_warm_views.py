@@ -62,7 +62,7 @@ async def same_as_cold(pod: ContextStore, cold: ContextStore, session: str, budg
 
 async def test_a_warm_view_reads_only_the_new_entries(settings: Settings, tenant: str) -> None:
     """After the first view, each view of a growing session reads what was appended since."""
-    async with pods(settings, tenant) as (a, _, c):
+    async with pods(settings, tenant) as (a, b, c):
         await a.append("s", SYSTEM)
         await a.append_many("s", [turn(i) for i in range(300)])
         first = await same_as_cold(a, c, "s", 2_000)
@@ -70,11 +70,35 @@ async def test_a_warm_view_reads_only_the_new_entries(settings: Settings, tenant
         reads = []
         for i in range(300, 340):
             new = [user(f"q{i}"), oa_call(f"c{i}"), oa_result(f"c{i}", "out " * 40)]
-            await a.append_many("s", new[: 1 + i % 3])
+            await b.append_many("s", new[: 1 + i % 3])  # another pod's: a has not seen them
             reads.append(await same_as_cold(a, c, "s", 2_000))
         # One view in a few moves the anchor and reads back itself; the others read only
         # what is new.
         assert sum(1 for r, i in zip(reads, range(300, 340), strict=True) if r == 1 + i % 3) >= 30
+
+
+async def test_a_pod_does_not_read_back_what_it_appended_itself(
+    settings: Settings, tenant: str
+) -> None:
+    """The pod that appends and views (an agent loop) reads nothing back; another's are read."""
+    async with pods(settings, tenant) as (a, b, c):
+        await a.append("s", SYSTEM)
+        await a.append_many("s", [turn(i) for i in range(300)])
+        await same_as_cold(a, c, "s", 2_000)
+        reads = []
+        for i in range(300, 360):
+            new = [user(f"q{i}"), oa_call(f"c{i}"), oa_result(f"c{i}", "out " * 40 * (i % 4))]
+            await a.append_many("s", new[: 1 + i % 3])
+            if i % 5 == 0:  # another pod's message after a's: read, a's are not
+                await b.append("s", user(f"from b {i}"))
+            if i % 7 == 0:  # or before a's: all that is new is read, in one more round trip
+                await b.append("s", user(f"first b {i}"))
+                await a.append("s", user(f"then a {i}"))
+            reads.append((i, await same_as_cold(a, c, "s", 2_000)))
+        alone = [r for i, r in reads if i % 5 and i % 7]  # a step reads back a few
+        assert alone.count(0) >= 0.7 * len(alone) and max(alone) <= 16, alone
+        assert all(r >= 1 for i, r in reads if i % 5 == 0 and i % 7), reads  # b's, after a's
+        assert all(r >= 3 for i, r in reads if i % 7 == 0), reads  # all that is new, again
 
 
 async def test_a_step_reads_back_what_the_budget_lacks_not_the_tail_again(
