@@ -68,6 +68,9 @@ class WarmViews:
         # What this pod appended to a kept session since (some of) its copies were read,
         # oldest first; None: more than OWN_MOST, no longer followed until its next view.
         self._own: dict[tuple[str, str], list[Entry] | None] = {}
+        # The epoch and life those were appended in: a copy of another drops them (ids of a
+        # session deleted and written again in the same millisecond may repeat).
+        self._own_of: dict[tuple[str, str], tuple[int, bytes | None]] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -94,7 +97,7 @@ class WarmViews:
         self._items[key] = warm
         self._sizes.setdefault((tenant, session), set()).add(size)
         self.bytes += warm.size
-        self._prune_own(tenant, session)
+        self._prune_own(tenant, session, size)
         while self.bytes > self.limit:
             old_tenant, old_session, old_size = next(iter(self._items))
             self.discard(old_tenant, old_session, old_size)
@@ -115,8 +118,12 @@ class WarmViews:
         sizes = self._sizes.get(key)
         if not sizes or not entries:
             return
-        if all(self._items[(tenant, session, size)].epoch != epoch for size in sizes):
+        copy = next((w for w in self._copies(key) if w.epoch == epoch), None)
+        if copy is None:
             return
+        if self._own_of.setdefault(key, (epoch, copy.life)) != (epoch, copy.life):
+            self._forget_own(tenant, session)
+            self._own_of[key] = (epoch, copy.life)
         own = self._own.setdefault(key, [])
         if own is None:
             return
@@ -144,19 +151,23 @@ class WarmViews:
         after = entry_order(last)
         return [e for e in own if entry_order(e.entry_id) > after]
 
-    def _prune_own(self, tenant: str, session: str) -> None:
+    def _copies(self, key: tuple[str, str]) -> list[_Warm]:
+        return [self._items[(*key, size)] for size in self._sizes.get(key, ())]
+
+    def _prune_own(self, tenant: str, session: str, size: int) -> None:
         """Drop what every copy of ``session`` holds already; follow it again if it was not."""
         key = (tenant, session)
+        warm = self._items[(tenant, session, size)]
+        if self._own_of.get(key, (warm.epoch, warm.life)) != (warm.epoch, warm.life):
+            self._forget_own(tenant, session)  # noted in another life of the session
+            return
         own = self._own.get(key, [])
         if own is None:
             self._own[key] = []
             return
         if not own:
             return
-        lasts = [
-            entry_order(w.tail[-1].entry_id) if w.tail else (0, 0)
-            for w in (self._items[(tenant, session, size)] for size in self._sizes[key])
-        ]
+        lasts = [entry_order(w.tail[-1].entry_id) if w.tail else (0, 0) for w in self._copies(key)]
         kept = [e for e in own if entry_order(e.entry_id) > min(lasts)]
         self.bytes -= held_size(own) - held_size(kept)
         self._own[key] = kept
@@ -186,6 +197,7 @@ class WarmViews:
                 self._forget_own(tenant, session)
 
     def _forget_own(self, tenant: str, session: str) -> None:
+        self._own_of.pop((tenant, session), None)
         self.bytes -= held_size(self._own.pop((tenant, session), None) or [])
 
     def discard_tenant(self, tenant: str) -> None:

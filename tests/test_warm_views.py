@@ -565,3 +565,20 @@ async def test_an_append_between_a_cold_read_and_its_read_back_stays_out_of_that
         monkeypatch.undo()
         later = await c.view("s", token_budget=100_000)
         assert later.stats.history_messages == 7 and later.messages[-1] == user("late")
+
+
+def test_what_a_pod_appended_in_one_life_is_never_sent_in_the_next() -> None:
+    """A copy of another life drops the noted entries: a new life's entry ids may repeat them."""
+    views = WarmViews(1_000_000)
+
+    def copy(life: bytes, last: str) -> _Warm:
+        tail = (Entry(last, 10, b"{}"),)
+        return _Warm(0, life, None, 1, (), None, None, tail, True, held_size(tail))
+
+    views.put("t", "s", 500, copy(b"first", "5-0"))
+    views.add_own("t", "s", 0, [Entry("7-0", 10, b'"mine"')])
+    assert [e.entry_id for e in views.own_after("t", "s", "5-0") or []] == ["7-0"]
+    # Deleted and written again (same epoch, another life): a view of it is read cold.
+    views.put("t", "s", 500, copy(b"second", "6-0"))
+    assert views.own_after("t", "s", "6-0") == []
+    assert views.bytes == held_size([Entry("6-0", 10, b"{}")])
