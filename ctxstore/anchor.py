@@ -422,10 +422,10 @@ class Viewer:
         """Read only what is new since this pod's last view; ``None``: read cold.
 
         What this pod appended since (``own``: :meth:`WarmViews.add_own`) is not
-        read again: only the entries after its newest are. The count then holds
-        the copy only if nothing else came between (appends alone move it while
-        the epoch stands: a pop moves the epoch); if something did, one more
-        round trip reads everything after the copy.
+        read again, and then no entry is: the count holds the copy only if
+        nothing else was appended (appends alone move it while the epoch stands:
+        a pop moves the epoch); if something was, one more round trip reads
+        everything after the copy.
 
         One round trip reads the entries after the last one kept, then the
         anchor's value (not its summary), then the counters. The copy holds
@@ -446,19 +446,17 @@ class Viewer:
         connection, codec = self._scope.connection, self._scope.codec
         last = warm.tail[-1].entry_id if warm.tail else None
         mine = (self.warm.own_after(self._scope.tenant, session, last) if own else None) or []
-        newest = mine[-1].entry_id if mine else last
-        low = "(" + newest if newest else "-"
-        rows, anchor, meta = await connection.batch(
-            [
-                # Newest first, from the stream's end: XRANGE from an id would walk the
-                # last node's entries up to it (a stream node holds up to 200).
-                ("XREVRANGE", keys.log, "+", low, "COUNT", _WARM_LIMIT),
-                ("HGET", keys.anchor, size),
-                ("HMGET", keys.meta, *_META),
-            ],
+        low = "(" + last if last else "-"
+        # Newest first, from the stream's end: XRANGE from an id would walk the last
+        # node's entries up to it (a stream node holds up to 200). A pod that appended
+        # since its last view bets nobody else did: it reads no entries (the count tells).
+        read = [] if mine else [("XREVRANGE", keys.log, "+", low, "COUNT", _WARM_LIMIT)]
+        *found, anchor, meta = await connection.batch(
+            [*read, ("HGET", keys.anchor, size), ("HMGET", keys.meta, *_META)],
             session=session,
             key=keys.log,
         )
+        rows = found[0] if found else []
         snap = self._counters(meta)
         if (
             snap.epoch != warm.epoch
@@ -468,7 +466,7 @@ class Viewer:
         ):
             return None
         if snap.count != warm.count + len(mine) + len(rows):
-            # Something came between (or a pop, if nothing was its own): read all that is new.
+            # Another pod's came too (or a pop, if none was its own): read all that is new.
             return await self._warm_snapshot(session, keys, size, warm, own=False) if mine else None
         snap.new = [*mine, *(codec.entry(session, row) for row in reversed(rows))]
         snap.own = len(mine)
