@@ -29,7 +29,8 @@ issue states its targets, on 3,000-message sessions: an append of one
 message; a *cold* view (a pod that keeps no views: a store with
 ``view_cache_bytes=0``, which has viewed each session before, so it knows
 where its last view started and reads back that far); and a *hot* view (the
-pod that viewed the session last, after one new message). Each phase runs
+pod that viewed the session last, after one new message: its own, as in an
+agent loop, then in a second row another pod's). Each phase runs
 over 20 sessions between two INFO probes, and the plain client does the same
 phases (its view is the same whether hot or cold). The probes' own CPU and
 output (about 3 us and 80 bytes per operation, a tenth of a hot view's) are
@@ -301,11 +302,15 @@ async def workload(
     return {"workload": name, "messages": length, "sessions": sessions, **merged, "ratio": ratio}
 
 
-OPERATIONS = ("append", "append, paced", "cold view", "hot view")
+OTHERS = "hot view, another's message"
+OPERATIONS = ("append", "append, paced", "cold view", "hot view", OTHERS)
 """``append, paced``: each append is due the tenant index's touch, as when a session's
 turns come a second or more apart (a model call between them): its pod's
 ``index_interval`` is 0. It writes sessions of its own, so the views' rows still
-follow one new message. The plain client has no index: its row is a plain append."""
+follow one new message. The plain client has no index: its row is a plain append.
+``hot view``: the pod appended the new message itself (an agent loop), and so need not
+read it back; ``hot view, another's message``: another pod did (the cold one), and the
+hot pod reads it."""
 
 
 async def nothing(session: str) -> None:
@@ -348,7 +353,8 @@ async def operations(
 ) -> list[dict[str, Any]]:
     """Per operation: append one message (back to back, and paced), a cold view, a hot view.
 
-    The hot view comes after one new message.
+    The hot view comes after one new message: its own, then (a second hot view) another
+    pod's.
 
     ``size``: the bytes of text of each message (history and appends).
     ``meter``: counts the server's instructions in each phase (from after the fill).
@@ -403,6 +409,9 @@ async def operations(
                 )
                 await phase(raw, names, side.view, blocks[(label, "hot view")], meter)
                 await phase(raw, names, cold_side.view, blocks[(label, "cold view")], meter)
+                for session in names:  # untimed: another pod's message (the cold pod's)
+                    await cold_side.append(session, user_turn())
+                await phase(raw, names, side.view, blocks[(label, OTHERS)], meter)
                 await phase(raw, names, nothing, idle, meter)
     await raw.aclose()
     if meter is None:  # under valgrind, the server's CPU time says nothing
