@@ -71,6 +71,7 @@ class WarmViews:
         # The epoch and life those were appended in: a copy of another drops them (ids of a
         # session deleted and written again in the same millisecond may repeat).
         self._own_of: dict[tuple[str, str], tuple[int, bytes | None]] = {}
+        self._own_bytes: dict[tuple[str, str], int] = {}  # what they are charged
 
     def __len__(self) -> int:
         return len(self._items)
@@ -111,8 +112,8 @@ class WarmViews:
         """Note entries this pod appended to ``session``: its next view need not read them.
 
         Only for a session it keeps a copy of in the same ``epoch``, and up to
-        :data:`OWN_MOST` entries between two views (past that, the next view reads
-        them all from Redis).
+        :data:`OWN_MOST` entries and a quarter of the byte budget (as a copy)
+        between two views: past that, the next view reads them all from Redis.
         """
         key = (tenant, session)
         sizes = self._sizes.get(key)
@@ -127,15 +128,17 @@ class WarmViews:
         own = self._own.setdefault(key, [])
         if own is None:
             return
-        if len(own) + len(entries) > OWN_MOST:
-            self.bytes -= held_size(own)
+        size = self._own_bytes.get(key, 0) + held_size(entries)
+        if len(own) + len(entries) > OWN_MOST or size > self.limit // 4:
+            self.bytes -= self._own_bytes.pop(key, 0)
             self._own[key] = None
             return
         ordered = not own or entry_order(own[-1].entry_id) < entry_order(entries[0].entry_id)
         own.extend(entries)
         if not ordered:  # two tasks appended at once
             own.sort(key=lambda e: entry_order(e.entry_id))
-        self.bytes += held_size(entries)
+        self.bytes += size - self._own_bytes.get(key, 0)
+        self._own_bytes[key] = size
         while self.bytes > self.limit and self._items:
             old_tenant, old_session, old_size = next(iter(self._items))
             self.discard(old_tenant, old_session, old_size)
@@ -169,8 +172,11 @@ class WarmViews:
             return
         lasts = [entry_order(w.tail[-1].entry_id) if w.tail else (0, 0) for w in self._copies(key)]
         kept = [e for e in own if entry_order(e.entry_id) > min(lasts)]
-        self.bytes -= held_size(own) - held_size(kept)
-        self._own[key] = kept
+        if len(kept) < len(own):
+            size = held_size(kept)
+            self.bytes -= self._own_bytes.get(key, 0) - size
+            self._own_bytes[key] = size
+            self._own[key] = kept
 
     def any(self, tenant: str, session: str) -> _Warm | None:
         """One of the copies kept of this session, whatever its budget, or ``None``."""
@@ -198,7 +204,8 @@ class WarmViews:
 
     def _forget_own(self, tenant: str, session: str) -> None:
         self._own_of.pop((tenant, session), None)
-        self.bytes -= held_size(self._own.pop((tenant, session), None) or [])
+        self._own.pop((tenant, session), None)
+        self.bytes -= self._own_bytes.pop((tenant, session), 0)
 
     def discard_tenant(self, tenant: str) -> None:
         """Forget every view of a tenant's sessions."""

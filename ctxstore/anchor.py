@@ -303,7 +303,7 @@ class Viewer:
         # Another pod moved it first: send what it chose (or move it again, if full already).
         snap.anchor = codec.anchor(session, reply[1] or None, reply[2] or None, role)
         snap.anchor_raw = reply[1] or None
-        plan, _ = self._plan(snap, size, shape, levels)
+        plan, _ = self._plan(snap, size, shape, levels=None)  # its anchor, or none
         if plan is None:
             return await self._step(session, keys, snap, size, shape)
         return plan
@@ -608,15 +608,19 @@ def _entries_short(snap: Snapshot, size: int, shape: Shape) -> int:
     budget reads those, not twice the tail again (a hundred 1 KB entries sent for
     a handful). A tail that holds the budget but starts inside a tool exchange
     (a result whose call is older) reads on, up to twice the budget, so the plan
-    sees the exchange whole and never cuts it.
+    sees the exchange whole and never cuts it: each read as much again as the
+    tail holds past the budget, so a result whose call is gone costs a few round
+    trips, not dozens.
     """
     protected = {e.entry_id for e in snap.protected}
     costs = [form_cost(e, size, shape) for e in snap.tail if e.entry_id not in protected]
     held = sum(costs)
     short = size - held
-    if short <= 0:
-        return 8 if held < 2 * size and _opens_inside_exchange(snap.tail) else 0
     mean = max(1.0, held / len(costs)) if costs else _GUESS_TOKENS
+    if short <= 0:
+        if held >= 2 * size or not _opens_inside_exchange(snap.tail):
+            return 0
+        short = max(held - size, size // 8)  # an eighth of the budget at first
     return min(max(8, math.ceil(1.25 * short / mean)), _READ_BACK_MOST)
 
 

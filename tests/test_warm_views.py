@@ -28,9 +28,10 @@ from redis.asyncio import Redis
 
 from ctxstore import ContextStore, LocalSummarizer, RequestView, Settings
 from ctxstore._codec import Entry
+from ctxstore._scripts import SCRIPTS
 from ctxstore._shape import Shape
 from ctxstore._warm_views import READY_OVERHEAD, ahead_size, held_size
-from ctxstore.anchor import Snapshot, WarmViews, _entries_short, _make_ready, _Warm
+from ctxstore.anchor import Snapshot, Viewer, WarmViews, _entries_short, _make_ready, _Warm
 from ctxstore.testing import orphans
 
 
@@ -140,7 +141,8 @@ def test_a_read_back_sized_by_what_the_budget_lacks_and_by_open_exchanges() -> N
     answers = [entry(n, results=(f"c{n}",)) for n in range(3)]
     assert short(*answers, *(entry(n) for n in range(3, 10))) == 8
     assert short(entry(0, calls=("c0",)), entry(1, results=("c0",)), *map(entry, range(2, 10))) == 0
-    # Twice the budget is as far as an open exchange is followed.
+    # Each read as much again as is held past the budget; twice the budget at most.
+    assert short(*answers, *(entry(n) for n in range(3, 19))) == 12  # 900 past it
     assert short(*answers, *(entry(n) for n in range(3, 20))) == 0
 
 
@@ -582,3 +584,94 @@ def test_what_a_pod_appended_in_one_life_is_never_sent_in_the_next() -> None:
     views.put("t", "s", 500, copy(b"second", "6-0"))
     assert views.own_after("t", "s", "6-0") == []
     assert views.bytes == held_size([Entry("6-0", 10, b"{}")])
+
+
+async def test_a_result_whose_call_is_gone_costs_a_few_read_backs(
+    settings: Settings, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool result with no call in reach is followed to twice the budget in a few reads."""
+    reads: list[int] = []
+    read_back = Viewer._read_back
+
+    async def counted(self: Viewer, session: str, keys: Any, snap: Any, count: int) -> None:
+        reads.append(count)
+        await read_back(self, session, keys, snap, count)
+
+    monkeypatch.setattr(Viewer, "_read_back", counted)
+    async with pods(settings, tenant) as (a, _, c):
+        await a.append_many("s", [user(f"short {i}") for i in range(1_500)])
+        await a.append("s", oa_result("nocall", "its call was never stored"))
+        await a.append_many("s", [user(f"after {i}") for i in range(100)])
+        await same_as_cold(a, c, "s", 2_000)
+        # Two views (the warm pod's and the cold one's), each a budget short at first.
+        assert len(reads) <= 8, reads  # it was 21: 17 of them 8 entries each
+
+
+async def test_one_sessions_own_appends_never_push_out_the_other_sessions_copies(
+    settings: Settings, tenant: str
+) -> None:
+    """What a pod notes of its own appends is capped as a copy is: a quarter of the budget."""
+    small = settings.model_copy(update={"view_cache_bytes": 4 << 20})
+    async with ContextStore.from_settings(small, tenant=tenant) as a:
+        for i in range(20):
+            await a.append_many(f"s{i}", [turn(n) for n in range(30)])
+            await a.view(f"s{i}", token_budget=2_000)
+        await a.append("big", user("hi"))
+        await a.view("big", token_budget=200_000)
+        warm = a._viewer.warm
+        for i in range(14):
+            await a.append("big", user(f"{i} " + "large " * 33_000))
+        assert len(warm) == 21 and 0 < warm.bytes <= warm.limit
+        # Past the cap, big's next view reads them from Redis.
+        view = await a.view("big", token_budget=200_000)
+        cold = small.model_copy(update={"view_cache_bytes": 0})
+        async with ContextStore.from_settings(cold, tenant=tenant) as c:
+            assert dumped(view) == dumped(await c.view("big", token_budget=200_000))
+        for i in range(20):
+            assert warm.get(tenant, f"s{i}", 2_000) is not None
+        await a.forget_tenant()
+        assert len(warm) == 0 and warm.bytes == 0
+
+
+async def test_a_pod_that_loses_a_step_to_another_sends_only_anchors_redis_holds(
+    settings: Settings, tenant: str, raw_redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two pods step at once, the loser on more entries: it moves the winner's anchor on."""
+    async with pods(settings, tenant) as (a, b, c):
+        await c.append("s", SYSTEM)
+        await c.append_many("s", [turn(i) for i in range(200)])
+        await a.view("s", token_budget=1_000)
+        await b.view("s", token_budget=1_000)
+        await c.append_many("s", [turn(i) for i in range(200, 225)])  # both must step
+
+        def paused(pod: ContextStore) -> tuple[asyncio.Event, asyncio.Event]:
+            reached, go = asyncio.Event(), asyncio.Event()
+            connection = pod._viewer._scope.connection
+            script = connection.script
+
+            async def held(source: Any, *args: Any, **kwargs: Any) -> Any:
+                if source is SCRIPTS.anchor:  # its step's compare-and-set: wait here
+                    reached.set()
+                    await go.wait()
+                return await script(source, *args, **kwargs)
+
+            monkeypatch.setattr(connection, "script", held)
+            return reached, go
+
+        (b_reached, b_go), (a_reached, a_go) = paused(b), paused(a)
+        b_view = asyncio.create_task(b.view("s", token_budget=1_000))
+        await b_reached.wait()
+        await c.append_many("s", [turn(i) for i in range(225, 240)])  # half a budget more
+        a_view = asyncio.create_task(a.view("s", token_budget=1_000))
+        await a_reached.wait()
+        b_go.set()
+        await b_view  # b's step wins; a's is refused and finds b's anchor full already
+        a_go.set()
+        first = await a_view
+        stored = await raw_redis.hget(a.keys("s").anchor, "1000")
+        assert dumped(first) == dumped(await c.view("s", token_budget=1_000))
+        # What a sent stands on the anchor it stored: a cold view needs no step of its own.
+        assert await raw_redis.hget(a.keys("s").anchor, "1000") == stored
+        for i in range(240, 250):  # a's next views grow what a sent: on an anchor Redis holds
+            await c.append("s", turn(i))
+            await same_as_cold(a, c, "s", 1_000)
