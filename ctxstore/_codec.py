@@ -345,6 +345,32 @@ class Codec:
                 f"entry {entry_id} cannot be decoded: {exc}", tenant=self.tenant, session=session
             ) from exc
 
+    def appended(
+        self,
+        session: str,
+        entry_id: str,
+        data: bytes,
+        tokens: int,
+        calls: str,
+        results: str,
+        preview: bytes,
+        preview_tokens: int,
+    ) -> Entry:
+        """An entry as :meth:`entry` decodes it, from what an append sent for it.
+
+        The values as the append script takes them: sealed, ids joined, ``b""`` for
+        no preview (the script then writes no ``v`` or ``vt``).
+        """
+        return Entry(
+            entry_id,
+            tokens,
+            self.open(session, data),
+            ids(calls.encode()),
+            ids(results.encode()),
+            preview_data=self.open(session, preview) if preview else None,
+            preview_tokens=preview_tokens if preview else 0,
+        )
+
     def kept(self, session: str, entry_id: str, value: bytes) -> Entry:
         """An entry from its copy in the keep hash.
 

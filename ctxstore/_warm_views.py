@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ctxstore._codec import Anchor, Entry
 from ctxstore._formats import entry_order
@@ -65,13 +65,7 @@ class WarmViews:
         self.bytes = 0
         self._items: OrderedDict[tuple[str, str, int], _Warm] = OrderedDict()
         self._sizes: dict[tuple[str, str], set[int]] = {}
-        # What this pod appended to a kept session since (some of) its copies were read,
-        # oldest first; None: more than OWN_MOST, no longer followed until its next view.
-        self._own: dict[tuple[str, str], list[Entry] | None] = {}
-        # The epoch and life those were appended in: a copy of another drops them (ids of a
-        # session deleted and written again in the same millisecond may repeat).
-        self._own_of: dict[tuple[str, str], tuple[int, bytes | None]] = {}
-        self._own_bytes: dict[tuple[str, str], int] = {}  # what they are charged
+        self._own: dict[tuple[str, str], _Own] = {}  # for sessions with copies only
 
     def __len__(self) -> int:
         return len(self._items)
@@ -99,9 +93,7 @@ class WarmViews:
         self._sizes.setdefault((tenant, session), set()).add(size)
         self.bytes += warm.size
         self._prune_own(tenant, session, size)
-        while self.bytes > self.limit:
-            old_tenant, old_session, old_size = next(iter(self._items))
-            self.discard(old_tenant, old_session, old_size)
+        self._evict()
         return key in self._items
 
     def holds(self, tenant: str, session: str) -> bool:
@@ -116,67 +108,69 @@ class WarmViews:
         between two views: past that, the next view reads them all from Redis.
         """
         key = (tenant, session)
-        sizes = self._sizes.get(key)
-        if not sizes or not entries:
-            return
         copy = next((w for w in self._copies(key) if w.epoch == epoch), None)
-        if copy is None:
+        if copy is None or not entries:
             return
-        if self._own_of.setdefault(key, (epoch, copy.life)) != (epoch, copy.life):
-            self._forget_own(tenant, session)
-            self._own_of[key] = (epoch, copy.life)
-        own = self._own.setdefault(key, [])
-        if own is None:
+        own = self._own.get(key)
+        if own is None or own.life != (epoch, copy.life):
+            self._forget_own(tenant, session)  # none, or noted in another life
+            own = self._own[key] = _Own((epoch, copy.life))
+        if own.entries is None:
             return
-        size = self._own_bytes.get(key, 0) + held_size(entries)
-        if len(own) + len(entries) > OWN_MOST or size > self.limit // 4:
-            self.bytes -= self._own_bytes.pop(key, 0)
-            self._own[key] = None
+        size = own.size + held_size(entries)
+        if len(own.entries) + len(entries) > OWN_MOST or size > self.limit // 4:
+            self.bytes -= own.size
+            own.entries, own.size = None, 0
             return
-        ordered = not own or entry_order(own[-1].entry_id) < entry_order(entries[0].entry_id)
-        own.extend(entries)
+        ordered = not own.entries or entry_order(own.entries[-1].entry_id) < entry_order(
+            entries[0].entry_id
+        )
+        own.entries.extend(entries)
         if not ordered:  # two tasks appended at once
-            own.sort(key=lambda e: entry_order(e.entry_id))
-        self.bytes += size - self._own_bytes.get(key, 0)
-        self._own_bytes[key] = size
-        while self.bytes > self.limit and self._items:
-            old_tenant, old_session, old_size = next(iter(self._items))
-            self.discard(old_tenant, old_session, old_size)
+            own.entries.sort(key=lambda e: entry_order(e.entry_id))
+        self.bytes += size - own.size
+        own.size = size
+        self._evict()
 
     def own_after(self, tenant: str, session: str, last: str | None) -> list[Entry] | None:
         """What this pod appended to ``session`` after entry ``last`` (None: any), oldest first.
 
-        ``None`` when it no longer follows them (see :meth:`add_own`).
+        ``None`` when it no longer follows them (see :meth:`add_own`); a copy of the list,
+        as appends go on meanwhile.
         """
-        own = self._own.get((tenant, session), [])
-        if own is None or last is None:
-            return None if own is None else list(own)  # a copy: appends go on meanwhile
-        after = entry_order(last)
-        return [e for e in own if entry_order(e.entry_id) > after]
+        own = self._own.get((tenant, session))
+        if own is None or own.entries is None:
+            return None if own else []
+        after = entry_order(last) if last is not None else (-1, -1)
+        return [e for e in own.entries if entry_order(e.entry_id) > after]
 
     def _copies(self, key: tuple[str, str]) -> list[_Warm]:
         return [self._items[(*key, size)] for size in self._sizes.get(key, ())]
 
     def _prune_own(self, tenant: str, session: str, size: int) -> None:
         """Drop what every copy of ``session`` holds already; follow it again if it was not."""
-        key = (tenant, session)
-        warm = self._items[(tenant, session, size)]
-        if self._own_of.get(key, (warm.epoch, warm.life)) != (warm.epoch, warm.life):
-            self._forget_own(tenant, session)  # noted in another life of the session
-            return
-        own = self._own.get(key, [])
+        own = self._own.get((tenant, session))
         if own is None:
-            self._own[key] = []
             return
-        if not own:
-            return
-        lasts = [entry_order(w.tail[-1].entry_id) if w.tail else (0, 0) for w in self._copies(key)]
-        kept = [e for e in own if entry_order(e.entry_id) > min(lasts)]
-        if len(kept) < len(own):
-            size = held_size(kept)
-            self.bytes -= self._own_bytes.get(key, 0) - size
-            self._own_bytes[key] = size
-            self._own[key] = kept
+        warm = self._items[(tenant, session, size)]
+        if own.life != (warm.epoch, warm.life):
+            self._forget_own(tenant, session)  # noted in another life of the session
+        elif own.entries is None:
+            own.entries = []
+        elif own.entries:
+            copies = self._copies((tenant, session))
+            held = min(entry_order(w.tail[-1].entry_id) if w.tail else (0, 0) for w in copies)
+            kept = [e for e in own.entries if entry_order(e.entry_id) > held]
+            if len(kept) < len(own.entries):
+                size = held_size(kept)
+                self.bytes -= own.size - size
+                own.entries, own.size = kept, size
+
+    def _evict(self) -> None:
+        """Forget the least recently used copies until what is kept fits the budget."""
+        while self.bytes > self.limit and self._items:
+            old_tenant, old_session, old_size = next(iter(self._items))
+            self.discard(old_tenant, old_session, old_size)
 
     def any(self, tenant: str, session: str) -> _Warm | None:
         """One of the copies kept of this session, whatever its budget, or ``None``."""
@@ -203,14 +197,27 @@ class WarmViews:
                 self._forget_own(tenant, session)
 
     def _forget_own(self, tenant: str, session: str) -> None:
-        self._own_of.pop((tenant, session), None)
-        self._own.pop((tenant, session), None)
-        self.bytes -= self._own_bytes.pop((tenant, session), 0)
+        own = self._own.pop((tenant, session), None)
+        if own is not None:
+            self.bytes -= own.size
 
     def discard_tenant(self, tenant: str) -> None:
         """Forget every view of a tenant's sessions."""
         for owner, session in [k for k in self._sizes if k[0] == tenant]:
             self.discard(owner, session)
+
+
+@dataclass(slots=True)
+class _Own:
+    """What a pod appended to a session it keeps copies of, since (some of) them were read."""
+
+    life: tuple[int, bytes | None]
+    """The epoch and life they were appended in: a copy of another drops them (a session
+    deleted and written again within a millisecond may give its ids again)."""
+    entries: list[Entry] | None = field(default_factory=list)
+    """Oldest first; ``None``: past the caps, not followed until the session's next view."""
+    size: int = 0
+    """What they are charged in the byte budget."""
 
 
 def held_size(entries: Sequence[Entry]) -> int:

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ctxstore._codec import Entry, Kind, Meta, Reply, ids, join_ids, text
+from ctxstore._codec import Kind, Meta, Reply, join_ids, text
 from ctxstore._connection import Commands
 from ctxstore._formats import REASONING, item_type
 from ctxstore._keys import SessionKeys
@@ -115,7 +115,7 @@ class Writer:
         index: TenantIndex,
         handoff: Handoff,
         lineage: Lineage,
-        warm: WarmViews | None = None,
+        warm: WarmViews,
     ) -> None:
         self._scope = scope
         self._warm = warm
@@ -248,8 +248,7 @@ class Writer:
             )
             for i in range(5, len(reply), 4)
         ]
-        if self._warm is not None:
-            self._note_own(session, entries, results)
+        self._note_own(session, entries, results)
         if reply[3]:  # its history starts in segments: they must outlive it
             await self._lineage.keep_alive(session, reply[3], reply[4])
         if due:
@@ -265,31 +264,18 @@ class Writer:
         need not read it back. Not system or pinned messages: those change the
         protected copies, which every view then reads again.
         """
-        assert self._warm is not None
         if not self._warm.holds(self._scope.tenant, session):
             return
         codec = self._scope.codec
         added = []
         epoch = -1
-        for (data, tokens, kind, calls, answers, preview, preview_tokens), result in zip(
-            entries, results, strict=True
-        ):
+        for (data, tokens, kind, *fields), result in zip(entries, results, strict=True):
             if result.duplicate:
                 continue
             if kind:
                 return
             epoch = result.epoch
-            added.append(
-                Entry(
-                    result.entry_id,
-                    tokens,
-                    codec.open(session, data),
-                    ids(calls.encode()),
-                    ids(answers.encode()),
-                    preview_data=codec.open(session, preview) if preview else None,
-                    preview_tokens=preview_tokens if preview else 0,
-                )
-            )
+            added.append(codec.appended(session, result.entry_id, data, tokens, *fields))
         self._warm.add_own(self._scope.tenant, session, epoch, added)
 
     async def rewrite(

@@ -26,7 +26,7 @@ def accounted(pod: ContextStore) -> None:
     """The pod's warm views' byte count is what they hold, never negative."""
     warm = pod._viewer.warm
     items = sum(w.size for w in warm._items.values())
-    own = sum(held_size(o) for o in warm._own.values() if o)
+    own = sum(held_size(o.entries) for o in warm._own.values() if o.entries)
     assert warm.bytes >= 0, warm.bytes
     assert warm.bytes == items + own, (warm.bytes, items, own)
     # Every noted entry belongs to a session of which a copy is kept.
