@@ -620,7 +620,7 @@ def _entries_short(snap: Snapshot, size: int, shape: Shape) -> int:
     if short <= 0:
         if held >= 2 * size or not _opens_inside_exchange(snap.tail):
             return 0
-        short = max(held - size, size // 8)  # an eighth of the budget at first
+        short = held - size  # as much again as is held past the budget: at least 8
     return min(max(8, math.ceil(1.25 * short / mean)), _READ_BACK_MOST)
 
 
