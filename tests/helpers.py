@@ -2,7 +2,8 @@
 
 One place for the builders every test file uses: single messages in OpenAI
 Chat style (``oa_*``) and Anthropic style (``an_*``), a few constants, whole
-conversations, and :func:`paired`, which checks a view's tool pairs by id.
+conversations, and :func:`paired`, which checks a view's tool pairs by id;
+and :func:`key_states`, what a set of keys holds, to show a refused write wrote nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ctxstore._formats import call_ids, result_ids
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from ctxstore import ContextStore
 
 
@@ -147,3 +150,33 @@ def paired(messages: list[dict[str, Any]]) -> int:
     assert not open_calls, f"calls {sorted(open_calls)} are never answered"
     assert made == answered
     return len(answered)
+
+
+async def key_states(raw: Redis, keys: list[str]) -> dict[str, tuple[Any, str]]:
+    """Each key's value and whether it expires ("missing", "persistent" or "expiring").
+
+    A hash's value is its fields, sorted: its DUMP lists them in the order of its
+    table, which a read may change (a lookup moves an incremental rehash on), and
+    a session's meta is in the hashtable encoding. Any other key's is its DUMP.
+    """
+    pipe = raw.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+        pipe.pttl(key)
+    replies = await pipe.execute()
+    kinds = [(k if isinstance(k, str) else k.decode()) for k in replies[::2]]
+    pipe = raw.pipeline(transaction=False)
+    for key, kind in zip(keys, kinds, strict=True):
+        if kind == "hash":
+            pipe.hgetall(key)
+        else:
+            pipe.dump(key)
+    values = await pipe.execute()
+    states = {-2: "missing", -1: "persistent"}
+    return {
+        key: (
+            sorted(value.items()) if kind == "hash" else value,
+            states.get(ttl, "expiring"),
+        )
+        for key, kind, value, ttl in zip(keys, kinds, values, replies[1::2], strict=True)
+    }

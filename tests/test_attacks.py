@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import hypothesis
 import pytest
 from chaos import dropping
-from helpers import append_until_due, paired, turn
+from helpers import append_until_due, key_states, paired, turn
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -1429,12 +1429,10 @@ def acl(servers: ServerPool) -> AclServer:
     )
 
 
-async def _dump(client: Redis, pattern: str) -> dict[bytes, Any]:
-    """Every key matching ``pattern``: its DUMP, and whether it expires (an admin's view)."""
-    return {
-        key: (await client.dump(key), await client.pttl(key) > 0)
-        async for key in client.scan_iter(match=pattern, count=1_000)
-    }
+async def _dump(client: Redis, pattern: str) -> dict[str, Any]:
+    """Every key matching ``pattern``: its value and whether it expires (an admin's view)."""
+    keys = [key.decode() async for key in client.scan_iter(match=pattern, count=1_000)]
+    return await key_states(client, keys)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import Any
 
 import hypothesis
 import pytest
+from helpers import key_states
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from redis.asyncio import Redis
@@ -339,24 +340,13 @@ def is_valid_id(value: Any) -> bool:
     return isinstance(value, str) and bool(_ID.fullmatch(value)) and ".." not in value
 
 
-Snapshot = tuple[dict[str, tuple[bytes | None, str]], dict[bytes, bytes]]
+Snapshot = tuple[dict[str, tuple[Any, str]], dict[bytes, bytes]]
 
 
 async def snapshot(raw: Redis, store: ContextStore, session: str) -> Snapshot:
-    """Every key of the session (DUMP, and whether it expires), and the meta hash."""
+    """Every key of the session (:func:`key_states`), and the meta hash."""
     keys = store.keys(session)
-    pipe = raw.pipeline(transaction=False)
-    for key in keys.all():
-        pipe.dump(key)
-        pipe.pttl(key)
-    pipe.hgetall(keys.meta)
-    replies = await pipe.execute()
-    states = {-2: "missing", -1: "persistent"}
-    dumps = {
-        key: (replies[2 * i], states.get(replies[2 * i + 1], "expiring"))
-        for i, key in enumerate(keys.all())
-    }
-    return dumps, replies[-1]
+    return await key_states(raw, keys.all()), await raw.hgetall(keys.meta)
 
 
 def is_seq(value: Any) -> bool:

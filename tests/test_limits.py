@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from helpers import USER
+from helpers import USER, key_states
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
@@ -33,7 +33,7 @@ from ctxstore import (
 
 _EMPTY_USER = len(b'{"role":"user","content":""}')
 
-Snapshot = dict[str, tuple[bytes | None, str]]
+Snapshot = dict[str, tuple[Any, str]]
 MakeStore = Callable[..., ContextStore]
 
 
@@ -55,18 +55,8 @@ def sized(n: int, fill: str = "x") -> dict[str, Any]:
 
 
 async def snapshot(raw: Redis, store: ContextStore, session: str) -> Snapshot:
-    """Every key of the session: its serialized value (DUMP) and whether it expires."""
-    keys = store.keys(session).all()
-    pipe = raw.pipeline(transaction=False)
-    for key in keys:
-        pipe.dump(key)
-        pipe.pttl(key)
-    replies = await pipe.execute()
-    states = {-2: "missing", -1: "persistent"}
-    return {
-        key: (replies[2 * i], states.get(replies[2 * i + 1], "expiring"))
-        for i, key in enumerate(keys)
-    }
+    """Every key of the session: its value (:func:`key_states`) and whether it expires."""
+    return await key_states(raw, store.keys(session).all())
 
 
 async def meta_fields(raw: Redis, store: ContextStore, session: str) -> dict[bytes, bytes]:

@@ -186,13 +186,24 @@ local function creation(gone, rsv, deadline, now)
   return nil, 0, 0, nil
 end
 
+-- The value of meta's field 'layout', longer than Redis's hash-max-listpack-value (64
+-- bytes by default) on purpose: a hash holding such a value is kept in the hashtable
+-- encoding, where reading or writing a field is a hash lookup. In the listpack encoding
+-- of a small hash, each field is found by scanning the pairs before it, and an absent
+-- one by scanning all: meta's 14-20 fields, read 9-12 at a time on every append and
+-- view (several of them absent), cost a third of a hot view's server instructions and
+-- a tenth of an append's that way. It costs some 800 bytes of memory per session.
+-- Written when a session is created (`created`) and, for a session created before
+-- it, when an append starts a new idempotency generation (at most one period later).
+local LAYOUT = '1 meta in the hashtable encoding: this value is longer than hash-max-listpack-value'
+
 -- Record that this write created the session in `meta` under reservation `rsv` (which
 -- names this life of the session): the tombstone is spent (its bucket went to
 -- `take_rate`), and a meta that held only a lease's fence no longer expires with it.
 local function created(meta, gone, rsv)
   redis.call('DEL', gone)
   redis.call('PERSIST', meta)
-  redis.call('HSET', meta, 'rsv', rsv)
+  redis.call('HSET', meta, 'rsv', rsv, 'layout', LAYOUT)
 end
 
 -- The tombstone of a session whose meta held `epoch`, `seq` and the rate bucket
