@@ -9,10 +9,14 @@ first append of a new idempotency generation for a session made before it.
 
 from __future__ import annotations
 
+import pytest
+from conftest import BACKENDS
 from helpers import system, turn
 from redis.asyncio import Redis
 
 from ctxstore import ContextStore, Settings
+
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 
 LAYOUT = b"layout"
 
