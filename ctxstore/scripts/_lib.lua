@@ -195,6 +195,8 @@ end
 -- a tenth of an append's that way. It costs some 800 bytes of memory per session.
 -- Written when a session is created (`created`) and, for a session created before
 -- it, when an append starts a new idempotency generation (at most one period later).
+-- An idempotency generation holds it too, under '', once it has more than a few keys
+-- (`IDEM_TABLE_AT` in append.lua).
 local LAYOUT = '1 meta in the hashtable encoding: this value is longer than hash-max-listpack-value'
 
 -- Record that this write created the session in `meta` under reservation `rsv` (which
