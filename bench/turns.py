@@ -41,6 +41,14 @@ It runs twice: with messages of 1,024 bytes of text, the issue's own setup
 (its plain view sends 84 KB), and of 400 bytes, where the plain client's 64
 messages hold less than the budget's view.
 
+A third table appends one message at a time to 10 new sessions, as an agent
+loop writes, through the first 512 keys of their idempotency generation, in
+stretches (keys 2-16, 17-64, 65-256, 257-512), beside a plain ``XADD`` to
+streams of the same age. The per-operation table's sessions are filled in
+batches, so their generation is large from the start; an agent loop's begins
+small every ``idempotency_seconds``, and its cost per append could depend on
+how far into it the session is.
+
 It prints the tables and writes ``bench/results/turns.json``.
 
 ``--instructions`` (``make bench-instructions``, needs valgrind) runs the
@@ -323,23 +331,25 @@ async def phase(
     operation: Callable[[str], Any],
     block: Block,
     meter: Instructions | None = None,
+    times: int = 1,
 ) -> None:
-    """Run ``operation`` once per session, adding its cost to ``block``."""
+    """Run ``operation`` once per session (``times`` over), adding its cost to ``block``."""
     cpu0, out0 = await server_counters(raw)
     if meter is not None:
         meter.zero()
-    for session in sessions:
-        started = time.perf_counter()
-        await operation(session)
-        block.seconds.append(time.perf_counter() - started)
+    for _ in range(times):
+        for session in sessions:
+            started = time.perf_counter()
+            await operation(session)
+            block.seconds.append(time.perf_counter() - started)
     if meter is not None:
         block.instructions += meter.total()
     cpu1, out1 = await server_counters(raw)
     block.cpu_s += cpu1 - cpu0
     block.out_bytes += out1 - out0
-    block.turns += len(sessions)
+    block.turns += times * len(sessions)
     block.probes += 1
-    block.phases.append((cpu1 - cpu0, len(sessions)))
+    block.phases.append((cpu1 - cpu0, times * len(sessions)))
 
 
 async def operations(
@@ -429,6 +439,80 @@ async def operations(
     return rows
 
 
+GENERATION = ((2, 16), (17, 64), (65, 256), (257, 512))
+"""Stretches of a session's first idempotency generation, by the keys it holds after each
+append (the first, which creates the session, is not measured)."""
+GENERATION_STEP = 16
+"""Appends per session in each phase of :func:`generation`; the two sides alternate by phase."""
+
+
+async def generation(
+    url: str,
+    sessions: int,
+    size: int,
+    meter: Instructions | None = None,
+    **settings: Any,
+) -> list[dict[str, Any]]:
+    """Append one message at a time to new sessions, through 512 keys of their generation.
+
+    An agent loop's session is written this way: a message or a few at a time, its
+    idempotency generation (the keys of the last ``idempotency_seconds``) starting
+    small every period. The per-operation table's sessions are filled in batches,
+    so their generation is large from the start. Here each stretch of
+    :data:`GENERATION` is a row: per append, the client's p50, the server's CPU and
+    bytes (and instructions under callgrind), beside a plain ``XADD`` to a stream
+    of the same age.
+    """
+    counter = TiktokenCounter()
+    base = Settings(
+        redis_url=url, key_prefix=f"gen{size}", queue_name=f"gen{size}:summaries", **settings
+    )
+    raw = Redis.from_url(url)
+    numbers = itertools.count()
+    names = [f"gen-{i}" for i in range(sessions)]
+    blocks = {(side, span): Block() for side in ("plain", "ctxstore") for span in GENERATION}
+    idle = Block()
+    async with ContextStore.from_settings(base, tenant="bench") as store:
+        plain, ctx = Plain(raw, counter), Ctx(store)
+
+        def adding(side: Plain | Ctx) -> Callable[[str], Awaitable[None]]:
+            async def add(session: str) -> None:
+                n = next(numbers)
+                await side.append(
+                    session, [{"role": "user", "content": f"question {n}: " + "x" * (size - 20)}]
+                )
+
+            return add
+
+        for session in names:  # made untimed: a creation is no steady-state append
+            await adding(plain)(session)
+            await adding(ctx)(session)
+        if meter is not None:
+            meter.start()
+        for span in GENERATION:
+            first, last = span
+            for _ in range((last - first + 1) // GENERATION_STEP or 1):
+                times = min(GENERATION_STEP, last - first + 1)
+                for label, side in (("plain", plain), ("ctxstore", ctx)):
+                    await phase(raw, names, adding(side), blocks[(label, span)], meter, times)
+                await phase(raw, names, nothing, idle, meter)
+    await raw.aclose()
+    rows = []
+    for span in GENERATION:
+        plain_row = blocks[("plain", span)].less_probes(idle).row()
+        ctx_row = blocks[("ctxstore", span)].less_probes(idle).row()
+        ratio = {k: ctx_row[k] / plain_row[k] for k in plain_row}
+        label = f"append, keys {span[0]}-{span[1]}"
+        rows.append({"operation": label, "plain": plain_row, "ctxstore": ctx_row, "ratio": ratio})
+    return rows
+
+
+def render_generation(rows: Sequence[dict[str, Any]], size: int) -> str:
+    """The table of :func:`generation`: plain / ctxstore / ratio per stretch."""
+    labels = [row["operation"] for row in rows]
+    return _table(f"one at a time ({size:,} B)", labels, rows, width=28, digits=2)
+
+
 def render_operations(rows: Sequence[dict[str, Any]], length: int, size: int) -> str:
     """The per-operation table: plain / ctxstore / ratio for each figure."""
     labels = [row["operation"] for row in rows]
@@ -490,15 +574,23 @@ async def main_async(quick: bool) -> None:
             size: await operations(url, OPS_LENGTH, OPS_SESSIONS, 3 if quick else 10, size)
             for size in OPS_SIZES
         }
+        one_at_a_time = await generation(url, GENERATION_SESSIONS, OPS_SIZES[0])
     print()
     print(render(rows))
     for size, ops in per_op.items():
         print()
         print(render_operations(ops, OPS_LENGTH, size))
+    print()
+    print(render_generation(one_at_a_time, OPS_SIZES[0]))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps(
-            {"budget": BUDGET, "rows": rows, "operations": {str(k): v for k, v in per_op.items()}},
+            {
+                "budget": BUDGET,
+                "rows": rows,
+                "operations": {str(k): v for k, v in per_op.items()},
+                "one_at_a_time": one_at_a_time,
+            },
             indent=2,
         )
         + "\n"
@@ -507,6 +599,8 @@ async def main_async(quick: bool) -> None:
 
 
 INSTRUCTION_SESSIONS = 4
+GENERATION_SESSIONS = 10
+"""Sessions :func:`generation` appends to in turn (5,110 appends a side)."""
 """Sessions of the instruction count: it is exact, so a few suffice (filling is slow)."""
 
 
@@ -546,14 +640,19 @@ async def count_instructions(quick: bool) -> None:
                 meter,
                 index_interval=3600.0,
             )
+            one_at_a_time = await generation(
+                url, INSTRUCTION_SESSIONS, OPS_SIZES[0], meter, index_interval=3600.0
+            )
     title = f"per op ({OPS_LENGTH:,} x {OPS_SIZES[0]:,} B)"
     print(f"\n{title:<28}{'redis-server instructions (thousands)':>40}")
     print(f"{'':<28}{'plain':>12}{'ctx':>12}{'ratio':>12}")
-    for row in rows:
+    for row in [*rows, *one_at_a_time]:
         plain, ctx = row["plain"]["redis_kinstr"], row["ctxstore"]["redis_kinstr"]
         print(f"{row['operation']:<28}{plain:>12.1f}{ctx:>12.1f}{ctx / plain:>11.2f}x")
     INSTRUCTION_RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    INSTRUCTION_RESULTS.write_text(json.dumps({"operations": rows}, indent=2) + "\n")
+    INSTRUCTION_RESULTS.write_text(
+        json.dumps({"operations": rows, "one_at_a_time": one_at_a_time}, indent=2) + "\n"
+    )
     print(f"\nwritten to {INSTRUCTION_RESULTS}")
 
 
