@@ -160,10 +160,16 @@ class Writer:
             limits.append_burst,
         )
         entries = self._entries(session, messages, limits, pinned=pinned)
+        # The script's bare form (see append.lua) when no message has a kind, ids or a
+        # preview: its three arguments each, without the five empty ones.
+        bare = not any(
+            kind or calls or results or preview
+            for _, _, kind, calls, results, preview, _ in entries
+        )
         args: list[Any] = []
         for entry, key in zip(entries, idem, strict=True):
             data, tokens, *rest = entry
-            args.extend((data, tokens, key, *rest))
+            args.extend((data, tokens, key) if bare else (data, tokens, key, *rest))
         now = clock_arg(self._scope.clock)
         # The script's lean form (see append.lua) when nothing known asks for the full one:
         # no default TTL, quota or injected clock, no system or pinned message, and the

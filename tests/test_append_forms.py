@@ -38,8 +38,12 @@ async def two_pods(settings: Settings, tenant: str) -> AsyncIterator[tuple[Conte
         yield pod, other
 
 
-def sent(store: ContextStore) -> list[tuple[int, int]]:
-    """Record the form of each append the store sends (EVALSHA, EVAL or FCALL)."""
+def sent(store: ContextStore, per: list[int] | None = None) -> list[tuple[int, int]]:
+    """Record the form of each append the store sends (EVALSHA, EVAL or FCALL).
+
+    Each is its keys and its arguments before the messages'; ``per`` gets each
+    message's: 8, or 3 in the bare form.
+    """
     real = store._connection.node_call
     names = {SCRIPTS.append.sha, SCRIPTS.append.source, SCRIPTS.append.function}
     runs: list[tuple[int, int]] = []
@@ -49,7 +53,12 @@ def sent(store: ContextStore) -> list[tuple[int, int]]:
             if command[0] in ("EVALSHA", "EVAL", "FCALL") and command[1] in names:
                 keys = int(command[2])
                 argv = command[3 + keys :]
-                runs.append((keys, len(argv) - 8 * abs(int(argv[3]))))  # ARGV[4]: the messages
+                n = abs(int(argv[3]))  # ARGV[4]: the messages
+                # 5 or 13 before them: 3n and 8n never differ by 8
+                each = 3 if len(argv) - 3 * n in (LEAN[1], FULL[1]) else 8
+                runs.append((keys, len(argv) - each * n))
+                if per is not None:
+                    per.append(each)
         return await real(key, commands, **kwargs)
 
     store._connection.node_call = node_call  # type: ignore[method-assign]
@@ -99,6 +108,42 @@ async def test_a_steady_append_declares_only_the_keys_it_touches(
     assert runs == [FULL]
     assert len(await raw_redis.hgetall(store.keys("s").keep)) == 1  # its copy, views read
     assert [m.message for m in (await store.read("s")).messages][:4] == [turn(n) for n in range(4)]
+
+
+async def test_messages_with_no_kind_ids_or_preview_go_bare(
+    store: ContextStore, raw_redis: Redis
+) -> None:
+    """Three arguments a message when none of the call's has a kind, ids or a preview.
+
+    Eight each otherwise. Both forms store the same entries.
+    """
+    await store.append("s", turn(0))
+    shapes: list[int] = []
+    runs = sent(store, shapes)
+    await store.append("s", turn(1))
+    await store.append_many("s", [turn(2), turn(3)])
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
+    result = {"role": "tool", "tool_call_id": "c1", "content": "word " * 3000}  # a preview
+    await store.append_many("s", [turn(4), call])
+    await store.append("s", result)
+    await store.append("s", turn(5), pinned=True)
+    assert runs == [LEAN, LEAN, LEAN, LEAN, FULL]
+    assert shapes == [3, 3, 8, 8, 8]
+    log = store.keys("s").log
+    rows = await raw_redis.xrange(log)
+    fields = [sorted(k.decode() for k in row[1]) for row in rows]
+    assert fields[1] == fields[3] == ["k", "m", "n", "t"]  # bare: the same four as before
+    assert "c" in fields[5] and "r" in fields[6] and "v" in fields[6]
+    messages = [m.message for m in (await store.read("s")).messages]
+    assert messages[:6] == [turn(0), turn(1), turn(2), turn(3), turn(4), call]
+    assert messages[6]["tool_call_id"] == "c1" and messages[7] == turn(5)
+    assert await raw_redis.hlen(store.keys("s").keep) == 1  # the pinned copy
 
 
 async def test_a_ttl_set_by_another_pod_moves_every_key_s_expiry_on_the_next_append(
@@ -472,13 +517,14 @@ def leanify(store: ContextStore, sent: list[bytes]) -> None:
             keys, argv = first[3 : 3 + FULL[0]], first[3 + FULL[0] :]
             ttl, most_bytes, most_tokens, rate, _burst, reservation = argv[5:11]
             messages = argv[13:]
+            bare = len(messages) == 3 * abs(int(argv[3]))  # no kinds: see append.lua
             if (
                 ttl == ""
                 and not int(most_bytes)
                 and not int(most_tokens)
                 and not float(rate)
                 and reservation == ""
-                and all(kind == "" for kind in messages[3::8])
+                and (bare or all(kind == "" for kind in messages[3::8]))
             ):
                 lean = (first[0], first[1], LEAN[0], *keys[: LEAN[0]], *argv[:5], *messages)
                 replies = await real(key, [lean, *commands[1:]], **kwargs)

@@ -38,6 +38,9 @@
 -- then 8 per message:
 --         data, tokens, idempotency key, kind ('s', 'p' or ''), call ids, result ids
 --         (joined by \x1f), preview ('' or JSON), preview tokens
+--      or 3 per message (the bare form: no message of the call has a kind, an id or a
+--         preview, as most have none): data, tokens, idempotency key. Each argument costs
+--         Redis some 900 instructions even empty, and such a message's last five are.
 --
 -- Races it closes: a retry of an append that Redis applied before the
 -- connection broke is answered with the original entry (the idempotency
@@ -56,10 +59,9 @@
 --      {'reserve'} (no live reservation for a session this would create) or {'keys'}
 --      (the lean form, for a write that needs the full one).
 
-local PER = 8
 -- The generation's keys after which its hash takes the layout field ('' and `LAYOUT`: no
--- idempotency key is empty, and every other field is '#' and a call's id), and so Redis's
--- hashtable encoding. As a listpack, which Redis keeps up to hash-max-listpack-entries
+-- idempotency key is empty, nor is any other call's record, '#' and its id), and so
+-- Redis's hashtable encoding. As a listpack, which Redis keeps up to hash-max-listpack-entries
 -- (512 by default), each HSET scans every key before it: a session appended to one
 -- message at a time paid 11k more instructions per append at 64-128 keys, and 22k at
 -- 128-256, than as a hashtable. Up to 16 keys the scan costs less than the conversion's
@@ -90,6 +92,8 @@ local idem_n = (meta[6] or 0) + 0
 local n = ARGV[4] + 0
 local made = n < 0  -- every key new: none can have been recorded
 if made then n = -n end
+local PER = (#ARGV - FIRST) / n  -- the arguments of each message: 8, or 3 in the bare form
+local bare = PER == 3
 local ttl = tonumber(meta[5]) or tonumber(default_ttl)
 if lean and ttl and ttl > 0 then return {'keys'} end  -- every key's expiry must move
 
@@ -132,12 +136,14 @@ if fresh > 0 then
     if not seen[i] then
       local base = FIRST + (i - 1) * PER
       local size = #ARGV[base + 1]
-      -- A system or pinned message is stored twice: in the stream and as its keep copy.
-      if ARGV[base + 4] ~= '' then
-        if lean then return {'keys'} end  -- the keep hash is the full form's
-        size = size * 2
+      if not bare then
+        -- A system or pinned message is stored twice: in the stream and as its keep copy.
+        if ARGV[base + 4] ~= '' then
+          if lean then return {'keys'} end  -- the keep hash is the full form's
+          size = size * 2
+        end
+        size = size + #ARGV[base + 7]  -- and a large tool result's preview beside it
       end
-      size = size + #ARGV[base + 7]  -- and a large tool result's preview beside it
       new_bytes = new_bytes + size
       new_tokens = new_tokens + ARGV[base + 2]
     end
@@ -188,11 +194,17 @@ for i = 1, n do
     count = count + 1
     tokens = tokens + t
     seq_s, count_s, tokens_s = int(seq), int(count), int(tokens)
-    local id = add_entry(KEYS[1], KEYS[5], ARGV[base + 1], ARGV[base + 2], ARGV[base + 4],
-                         ARGV[base + 5], ARGV[base + 6], ARGV[base + 7], ARGV[base + 8],
-                         count_s, tokens_s)
-    answers = answers or ARGV[base + 6] ~= ''
-    kept = kept or ARGV[base + 4] ~= ''
+    local id
+    if bare then
+      id = add_entry(KEYS[1], KEYS[5], ARGV[base + 1], ARGV[base + 2], '', '', '', '', '',
+                     count_s, tokens_s)
+    else
+      id = add_entry(KEYS[1], KEYS[5], ARGV[base + 1], ARGV[base + 2], ARGV[base + 4],
+                     ARGV[base + 5], ARGV[base + 6], ARGV[base + 7], ARGV[base + 8],
+                     count_s, tokens_s)
+      answers = answers or ARGV[base + 6] ~= ''
+      kept = kept or ARGV[base + 4] ~= ''
+    end
     if not first_id or first_id == '' then first_id, first_changed = id, true end
     last_id = id
     local at = string.match(id, '^(%d+)') + 0
