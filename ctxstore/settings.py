@@ -90,7 +90,8 @@ class Settings(BaseSettings):
             release is answered with its first run's reply for this long.
         idempotency_window: ...and within this many appends to the session.
             Keys are kept in two rotating generations, so memory follows the
-            recent append rate, not the history's length.
+            recent append rate, not the history's length. A batch larger than
+            this keeps all its keys (a call rotates them at most once).
         tombstone_seconds: How long a deleted session's tombstone lasts: a
             session written again within it continues its epoch and
             sequence number (an append-if or a paged read of the deleted

@@ -566,15 +566,19 @@ async def test_an_older_pods_lost_reply_on_a_hashtable_generation_is_answered_on
 async def test_bare_batches_rotating_through_hashtable_generations_answer_every_key(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
-    """Window 20: one bare batch of 30 converts, rotates and starts small; then by time."""
+    """Window 20: a bare batch of 30 converts, and keeps every key; then rotations by time.
+
+    A call rotates the generations at most once, and a new session's first call starts its
+    first generation, so the 30 stay together.
+    """
     async with pods(settings, tenant, idempotency_window=20) as (pod, _):
         keys = pod.keys("s")
         names = [f"w{i}" for i in range(30)]
         first = await pod.append_many("s", [turn(i) for i in range(30)], idempotency_keys=names)
-        assert await is_table(raw_redis, keys.idem_old)  # 20 keys and the layout
-        assert await raw_redis.hlen(keys.idem_old) == 21  # type: ignore[misc]
-        assert not await is_table(raw_redis, keys.idem)
-        assert await raw_redis.hlen(keys.idem) == 10  # type: ignore[misc]
+        # The session's first generation began with the call: past the window, none rotates.
+        assert not await raw_redis.exists(keys.idem_old)
+        assert await is_table(raw_redis, keys.idem)  # 30 keys and the layout
+        assert await raw_redis.hlen(keys.idem) == 31  # type: ignore[misc]
         again = await pod.append_many("s", [turn(i) for i in range(30)], idempotency_keys=names)
         assert all(r.duplicate for r in again)
         assert [r.entry_id for r in again] == [r.entry_id for r in first]
@@ -583,7 +587,8 @@ async def test_bare_batches_rotating_through_hashtable_generations_answer_every_
         more = [f"t{i}" for i in range(TABLE_AT + 1)]
         await pod.append_many("s", [turn(i) for i in range(30, 47)], idempotency_keys=more)
         assert await is_table(raw_redis, keys.idem)
-        assert not await is_table(raw_redis, keys.idem_old)  # the 10 keys: a listpack still
+        assert await is_table(raw_redis, keys.idem_old)  # the 30: a hashtable, renamed
+        assert await raw_redis.hlen(keys.idem_old) == 31  # type: ignore[misc]
         pair = await pod.append_many("s", [turn(25), turn(46)], idempotency_keys=["w25", "t16"])
         assert [(r.seq, r.duplicate) for r in pair] == [(26, True), (47, True)]
         assert (await pod.info("s")).count == 47

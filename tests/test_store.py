@@ -123,6 +123,32 @@ async def test_idempotency_window_rotates_but_keeps_recent_keys(
         assert (await store.info("s")).count == 7
 
 
+async def test_a_batch_larger_than_the_window_answers_its_whole_retry(
+    settings: Settings, tenant: str
+) -> None:
+    """One call rotates the generations at most once, so none of its own keys is dropped.
+
+    With a window of 3, a batch of 10 once rotated three times in its own call: the
+    second rotation dropped its first keys, and a retry of the batch (its reply lost)
+    wrote them again.
+    """
+    small = settings.model_copy(update={"idempotency_window": 3})
+    async with ContextStore.from_settings(small, tenant=tenant) as store:
+        await store.append_many("s", [USER] * 2, idempotency_keys=["a0", "a1"])
+        keys = [f"k{i}" for i in range(10)]
+        first = await store.append_many("s", [USER] * 10, idempotency_keys=keys)
+        again = await store.append_many("s", [USER] * 10, idempotency_keys=keys)
+        assert all(r.duplicate for r in again)
+        assert [r.entry_id for r in again] == [r.entry_id for r in first]
+        assert (await store.info("s")).count == 12
+        # The next call rotates again: what the batch put in the new generation is one
+        # generation back now (k0, which the batch put in the old one, is a window behind).
+        await store.append("s", USER, idempotency_key="after")
+        for key in ("k1", "k9"):
+            assert (await store.append("s", USER, idempotency_key=key)).duplicate
+        assert (await store.info("s")).count == 13
+
+
 async def test_idempotency_keys_expire_with_the_retry_period(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:

@@ -208,9 +208,10 @@ for i = 1, n do
     if not first_id or first_id == '' then first_id, first_changed = id, true end
     last_id = id
     local at = string.match(id, '^(%d+)') + 0
-    if idem_n >= window or at - since >= period then
+    if not since_changed and (idem_n >= window or at - since >= period) then
       -- Rotate in O(1): keys are remembered for at least one period (or one
-      -- window of appends), and at most two.
+      -- window of appends), and at most two. Once a call: a second rotation would
+      -- drop the keys this call put in the first, and a retry of it write them again.
       if idem_n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
         redis.call('RENAME', KEYS[3], KEYS[4])
         redis.call('PEXPIRE', KEYS[4], period)
