@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from redis.asyncio import Redis, RedisCluster
 from servers import PrivateRedis, ServerPool, any_redis_binary, redis7_binary
 
 from ctxstore import ContextStore, Settings
+from ctxstore.embedded import stop_embedded
 from ctxstore.testing import LocalCluster as Cluster
 from ctxstore.testing import ManualClock, redis_under_test, remove_keys
 
@@ -35,6 +37,31 @@ _NEEDS = {
     "test_amplifier.py": "amplifier_core",
 }
 collect_ignore = [name for name, module in _NEEDS.items() if not importlib.util.find_spec(module)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_data_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test starts (or writes to) the user's own embedded Redis.
+
+    With no URL, ``Settings`` starts the embedded Redis in the user's data
+    directory (``$XDG_DATA_HOME/ctxstore``), a daemon that outlives the run. The
+    run's processes, and the ones they start, get an ``XDG_DATA_HOME`` of its
+    own; a test that needs an embedded Redis gives it a ``data_dir`` of its own
+    and stops it. One left running in the run's directory at the end is
+    stopped, and fails the run.
+    """
+    home = tmp_path_factory.mktemp("data-home")
+    before = os.environ.get("XDG_DATA_HOME")
+    os.environ["XDG_DATA_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("XDG_DATA_HOME", None)
+        else:
+            os.environ["XDG_DATA_HOME"] = before
+    if stop_embedded(home / "ctxstore"):
+        pytest.fail("a test started the default embedded Redis (no redis_url or data_dir)")
 
 
 @pytest.fixture(scope="session")

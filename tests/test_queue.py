@@ -137,7 +137,7 @@ def test_a_burst_worker_runs_no_sweep_and_a_standing_one_sweeps_from_its_start()
     pytest.importorskip("arq", reason="the summary worker needs ctxstore[worker]")
     from workers import worker_options
 
-    settings = Settings()
+    settings = Settings(redis_url="redis://127.0.0.1:6379/0")  # options only: none connects
     assert worker_options(settings, summarizer=FakeSummarizer(), burst=True)["cron_jobs"] == []
     (cron,) = worker_options(settings, summarizer=FakeSummarizer())["cron_jobs"]
     assert (cron.second, cron.run_at_startup, cron.unique) == (0, True, True)
