@@ -32,9 +32,9 @@ from arq.connections import RedisSettings
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
-from servers import ServerPool, redis7_binary
+from servers import PrivateRedis, ServerPool, redis7_binary
 
-from ctxstore import Settings
+from ctxstore import ContextStore, Settings
 from ctxstore._cli_args import parser as cli_parser
 from ctxstore.acl import POD_USER, WORKER_USER
 from ctxstore.metrics import Metrics
@@ -563,6 +563,69 @@ def test_redis_conf_copies_agree() -> None:
     k8s.pop("aclfile")
     assert local == k8s
     assert "stream-node-max-bytes" in local
+
+
+LAZYFREE = ("lazyfree-lazy-server-del", "lazyfree-lazy-expire", "lazyfree-lazy-user-del")
+
+
+async def lazyfreed(raw: Redis, above: int) -> int:
+    """INFO's count of values freed in the background, once it is over ``above``.
+
+    The background thread counts each value when it has freed it: polled, a bounded
+    number of times (it never goes back), so a value not freed lazily fails the test.
+    """
+    for _ in range(1_000):
+        freed = int((await raw.info("memory"))["lazyfreed_objects"])
+        if freed > above:
+            return freed
+    return above
+
+
+async def test_the_shipped_redis_frees_a_renamed_generation_and_a_deleted_index_lazily(
+    private: PrivateRedis, tenant: str
+) -> None:
+    """deploy/redis.conf's lazyfree directives free large values off the main thread.
+
+    On a server set as the file says, a rotation renaming over an idempotency
+    generation of 100 keys, and a delete of a session whose search index holds
+    600 words, each free their hash in the background; Redis's default frees them
+    inline, stalling every client for as long as that takes.
+    """
+    shipped = directives((DEPLOY / "redis.conf").read_text())
+    raw = Redis.from_url(private.url())
+    try:
+        for name in LAZYFREE:
+            assert shipped[name] == "yes", name
+            await raw.config_set(name, shipped[name])
+        settings = Settings(redis_url=private.url(), key_prefix="lazy")
+        async with ContextStore.from_settings(settings, tenant=tenant) as store:
+            keys = store.keys("s")
+            notes = [
+                {"role": "user", "content": " ".join(f"w{i}x{j}" for j in range(6))}
+                for i in range(100)
+            ]
+            await store.append_many("s", notes)
+            assert await store.search("s", "w7x3")
+            # Past hash-max-listpack-entries (512 here): a listpack is one allocation, freed
+            # at once; a hashtable is one per field.
+            assert await raw.object("encoding", keys.index) == b"hashtable"
+
+            async def next_generation(n: int) -> None:
+                since = int(await raw.hget(keys.meta, "idem_since") or 0)  # type: ignore[misc]
+                back = since - int(settings.idempotency_seconds * 2_000)
+                await raw.hset(keys.meta, "idem_since", str(back))  # type: ignore[misc]
+                await store.append("s", {"role": "user", "content": f"next {n}"})
+
+            await next_generation(0)  # the 100 keys become the old generation
+            assert await raw.hlen(keys.idem_old) > 64  # type: ignore[misc]
+            before = await lazyfreed(raw, -1)
+            await next_generation(1)  # renamed over: freed
+            before = await lazyfreed(raw, before)
+            assert before > 0
+            assert await store.delete("s")
+            assert await lazyfreed(raw, before) > before
+    finally:
+        await raw.aclose()
 
 
 def test_redis_mounts_its_config_and_acl_where_redis_conf_says() -> None:
