@@ -321,6 +321,40 @@ read it back; ``hot view, another's message``: another pod did (the cold one), a
 hot pod reads it."""
 
 
+def user_turns(size: int) -> Callable[[], list[dict[str, Any]]]:
+    """Each call, the next user turn of ``size`` bytes of text (numbered, so none repeats)."""
+    numbers = itertools.count()
+
+    def user_turn() -> list[dict[str, Any]]:
+        return [{"role": "user", "content": f"question {next(numbers)}: " + "x" * (size - 20)}]
+
+    return user_turn
+
+
+def appending(
+    side: Plain | Ctx, turn: Callable[[], list[dict[str, Any]]]
+) -> Callable[[str], Awaitable[None]]:
+    """An operation that appends the next ``turn`` to a session through ``side``."""
+
+    async def add(session: str) -> None:
+        await side.append(session, turn())
+
+    return add
+
+
+def compare_rows(
+    blocks: dict[tuple[str, Any], Block], idle: Block, labels: dict[Any, str]
+) -> list[dict[str, Any]]:
+    """Per key of ``labels``: the plain and ctxstore rows (probes subtracted), and their ratio."""
+    rows = []
+    for key, label in labels.items():
+        plain_row = blocks[("plain", key)].less_probes(idle).row()
+        ctx_row = blocks[("ctxstore", key)].less_probes(idle).row()
+        ratio = {k: ctx_row[k] / plain_row[k] for k in plain_row}
+        rows.append({"operation": label, "plain": plain_row, "ctxstore": ctx_row, "ratio": ratio})
+    return rows
+
+
 async def nothing(session: str) -> None:
     """An operation that sends Redis nothing (a phase of it measures the probes alone)."""
 
@@ -377,7 +411,6 @@ async def operations(
     cold_settings = base.model_copy(update={"view_cache_bytes": 0})
     paced_settings = base.model_copy(update={"index_interval": 0.0})
     raw = Redis.from_url(url)
-    numbers = itertools.count()
     history = conversation(length, size, seed=9)
     names = [f"ops{length}-{i}" for i in range(sessions)]
     paced_names = [f"ops{length}-paced-{i}" for i in range(sessions)]
@@ -398,15 +431,10 @@ async def operations(
             await plain.fill(session, history)
             await ctx_paced.fill(session, history)
 
-        def user_turn() -> list[dict[str, Any]]:
-            n = next(numbers)
-            return [{"role": "user", "content": f"question {n}: " + "x" * (size - 20)}]
+        user_turn = user_turns(size)
 
         def adding(side: Plain | Ctx) -> Callable[[str], Awaitable[None]]:
-            async def add(session: str) -> None:
-                await side.append(session, user_turn())
-
-            return add
+            return appending(side, user_turn)
 
         if meter is not None:
             meter.start()
@@ -430,13 +458,7 @@ async def operations(
             f"{idle.out_bytes / idle.turns:.0f} bytes per operation, subtracted",
             flush=True,
         )
-    rows = []
-    for op in OPERATIONS:
-        plain_row = blocks[("plain", op)].less_probes(idle).row()
-        ctx_row = blocks[("ctxstore", op)].less_probes(idle).row()
-        ratio = {k: ctx_row[k] / plain_row[k] for k in plain_row}
-        rows.append({"operation": op, "plain": plain_row, "ctxstore": ctx_row, "ratio": ratio})
-    return rows
+    return compare_rows(blocks, idle, {op: op for op in OPERATIONS})
 
 
 GENERATION = ((2, 16), (17, 64), (65, 256), (257, 512))
@@ -468,25 +490,16 @@ async def generation(
         redis_url=url, key_prefix=f"gen{size}", queue_name=f"gen{size}:summaries", **settings
     )
     raw = Redis.from_url(url)
-    numbers = itertools.count()
+    user_turn = user_turns(size)
     names = [f"gen-{i}" for i in range(sessions)]
     blocks = {(side, span): Block() for side in ("plain", "ctxstore") for span in GENERATION}
     idle = Block()
     async with ContextStore.from_settings(base, tenant="bench") as store:
         plain, ctx = Plain(raw, counter), Ctx(store)
 
-        def adding(side: Plain | Ctx) -> Callable[[str], Awaitable[None]]:
-            async def add(session: str) -> None:
-                n = next(numbers)
-                await side.append(
-                    session, [{"role": "user", "content": f"question {n}: " + "x" * (size - 20)}]
-                )
-
-            return add
-
         for session in names:  # made untimed: a creation is no steady-state append
-            await adding(plain)(session)
-            await adding(ctx)(session)
+            await appending(plain, user_turn)(session)
+            await appending(ctx, user_turn)(session)
         if meter is not None:
             meter.start()
         for span in GENERATION:
@@ -494,17 +507,13 @@ async def generation(
             for _ in range((last - first + 1) // GENERATION_STEP or 1):
                 times = min(GENERATION_STEP, last - first + 1)
                 for label, side in (("plain", plain), ("ctxstore", ctx)):
-                    await phase(raw, names, adding(side), blocks[(label, span)], meter, times)
+                    add = appending(side, user_turn)
+                    await phase(raw, names, add, blocks[(label, span)], meter, times)
                 await phase(raw, names, nothing, idle, meter)
     await raw.aclose()
-    rows = []
-    for span in GENERATION:
-        plain_row = blocks[("plain", span)].less_probes(idle).row()
-        ctx_row = blocks[("ctxstore", span)].less_probes(idle).row()
-        ratio = {k: ctx_row[k] / plain_row[k] for k in plain_row}
-        label = f"append, keys {span[0]}-{span[1]}"
-        rows.append({"operation": label, "plain": plain_row, "ctxstore": ctx_row, "ratio": ratio})
-    return rows
+    return compare_rows(
+        blocks, idle, {span: f"append, keys {span[0]}-{span[1]}" for span in GENERATION}
+    )
 
 
 def render_generation(rows: Sequence[dict[str, Any]], size: int) -> str:
