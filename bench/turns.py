@@ -23,6 +23,7 @@ Run it from the repository root::
 
     .venv/bin/python -m bench.turns            # make bench-turns
     .venv/bin/python -m bench.turns --quick    # fewer turns: a smoke run
+    .venv/bin/python -m bench.turns --repeat 5 # per-operation tables 5 times: medians
 
 A second table breaks the turn into its operations, as the cost-per-turn
 issue states its targets, on 3,000-message sessions: an append of one
@@ -50,6 +51,11 @@ small every ``idempotency_seconds``, and its cost per append could depend on
 how far into it the session is.
 
 It prints the tables and writes ``bench/results/turns.json``.
+
+``--repeat N`` runs only the per-operation and one-at-a-time tables, N times,
+each on a fresh server, and prints each ratio's median and range (and writes
+``bench/results/turns_repeat.json``): one run's ratios move by up to a fifth
+between runs minutes apart here, more than a target's margin.
 
 ``--instructions`` (``make bench-instructions``, needs valgrind) runs the
 1,024-byte per-operation table on a redis-server under callgrind and counts
@@ -608,9 +614,78 @@ async def main_async(quick: bool) -> None:
 
 
 INSTRUCTION_SESSIONS = 4
+"""Sessions of the instruction count: it is exact, so a few suffice (filling is slow)."""
 GENERATION_SESSIONS = 10
 """Sessions :func:`generation` appends to in turn (5,110 appends a side)."""
-"""Sessions of the instruction count: it is exact, so a few suffice (filling is slow)."""
+REPEAT_RESULTS = RESULTS.with_name("turns_repeat.json")
+
+
+async def repeat(runs: int) -> None:
+    """The per-operation and one-at-a-time tables ``runs`` times: each ratio's median [range].
+
+    One run's ratios move by up to a fifth here between runs minutes apart (the
+    server's CPU follows the machine's other tenants, and each run is a new
+    server), more than a target's margin; the median of a few runs, each on a
+    fresh server, is the figure to compare with a target.
+    """
+    tables: dict[str, list[list[dict[str, Any]]]] = {}
+    for run in range(runs):
+        with private_redis(SHIPPED_CONF) as (url, note):
+            if url is None:
+                raise SystemExit(f"the turn benchmark needs a private Redis 7: {note}")
+            for size in OPS_SIZES:
+                rows = await operations(url, OPS_LENGTH, OPS_SESSIONS, 10, size)
+                tables.setdefault(f"per op ({OPS_LENGTH:,} x {size:,} B)", []).append(rows)
+            rows = await generation(url, GENERATION_SESSIONS, OPS_SIZES[0])
+            tables.setdefault(f"one at a time ({OPS_SIZES[0]:,} B)", []).append(rows)
+        print(f"run {run + 1} of {runs} done", flush=True)
+    summary = {title: spread(table) for title, table in tables.items()}
+    for title, rows in summary.items():
+        print()
+        print(render_spread(title, rows, runs))
+    REPEAT_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    REPEAT_RESULTS.write_text(
+        json.dumps({"runs": runs, "tables": summary, "raw": tables}, indent=2) + "\n"
+    )
+    print(f"\nwritten to {REPEAT_RESULTS}")
+
+
+FIGURES = ("client_ms_p50", "redis_cpu_us", "redis_out_kb")
+
+
+def spread(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per operation of a table run several times: each ratio's median, lowest and highest."""
+    rows = []
+    for same in zip(*runs, strict=True):
+        ratios = {key: sorted(row["ratio"][key] for row in same) for key in FIGURES}
+        rows.append(
+            {
+                "operation": same[0]["operation"],
+                "ratio": {
+                    key: {"median": statistics.median(v), "low": v[0], "high": v[-1]}
+                    for key, v in ratios.items()
+                },
+            }
+        )
+    return rows
+
+
+def render_spread(title: str, rows: Sequence[dict[str, Any]], runs: int) -> str:
+    """A table of :func:`spread`: per figure, the ratio's median [lowest-highest]."""
+    head = (
+        f"{title + f', {runs} runs':<32}"
+        + "".join(f"{name:>22}" for name in ("client p50", "Redis CPU", "Redis out"))
+        + f"\n{'':<32}"
+        + f"{'median [range]':>22}" * 3
+    )
+    lines = [head]
+    for row in rows:
+        cells = []
+        for key in FIGURES:
+            r = row["ratio"][key]
+            cells.append(f"{r['median']:.2f}x [{r['low']:.2f}-{r['high']:.2f}]".rjust(22))
+        lines.append(f"{row['operation']:<32}" + "".join(cells))
+    return "\n".join(lines)
 
 
 async def count_instructions(quick: bool) -> None:
@@ -674,8 +749,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="the per-operation table in redis-server instructions, under callgrind",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        metavar="N",
+        help="only the per-operation and one-at-a-time tables, N times: medians and ranges",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(count_instructions(args.quick) if args.instructions else main_async(args.quick))
+    if args.repeat is not None and args.repeat < 1:
+        parser.error("--repeat takes a number of runs, 1 or more")
+    if args.repeat:
+        asyncio.run(repeat(args.repeat))
+    else:
+        asyncio.run(count_instructions(args.quick) if args.instructions else main_async(args.quick))
 
 
 if __name__ == "__main__":
