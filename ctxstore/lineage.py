@@ -178,7 +178,8 @@ class Lineage:
     def __init__(self, scope: Scope) -> None:
         self._scope = scope
         self.registry = _keys.tenant_segments_key(scope.prefix, scope.tenant)
-        self._stretched: Memo[str, float] = Memo()  # session -> when its segments last were
+        # session -> when its segments were last stretched, and for which TTL
+        self._stretched: Memo[str, tuple[float, int]] = Memo()
 
     def keys(self, owner: str, segment: str) -> _keys.SegmentKeys:
         """The keys of one segment."""
@@ -427,8 +428,11 @@ class Lineage:
         """Make the segments of ``session``'s chain outlast it, after a write refreshed its TTL.
 
         At most once per ``KEEP_ALIVE_MS`` (a tenth of the TTL, if shorter) per
-        process and session, each time to the TTL plus two such periods: the
-        segments then outlive the session whatever the writes between.
+        process, session and TTL, each time to the TTL plus two such periods: the
+        segments then outlive the session whatever the writes between (an append
+        moves the session's expiry to at most the TTL plus one period: see
+        append.lua's ``stretch``). A TTL other than the last one's stretches them
+        at once: a raised one moves the session's expiry past the last hold.
 
         Args:
             session: The session that was written.
@@ -440,9 +444,9 @@ class Lineage:
         every = min(KEEP_ALIVE_MS, ttl_ms // 10) if ttl_ms else KEEP_ALIVE_MS
         clock = time.monotonic()
         last = self._stretched.get(session)
-        if not now and last is not None and clock - last < every / 1000:
+        if not now and last is not None and last[1] == ttl_ms and clock - last[0] < every / 1000:
             return
-        self._stretched.put(session, clock)
+        self._stretched.put(session, (clock, ttl_ms))
         segments = Chain.parse(chain).segments
         await self.hold(segments, "", ttl_ms=ttl_ms + 2 * every if ttl_ms else None)
 

@@ -264,7 +264,8 @@ class SessionInfo:
         tokens: Their tokens (cl100k).
         first_at_ms: When the first message of the history was appended.
         last_at_ms: When the last one was.
-        ttl_seconds: The session's TTL, or ``None``.
+        ttl_seconds: The session's own TTL; with none, the seconds until it
+            expires; ``None`` if it never does.
         pinned: Entry ids of pinned messages.
         summary_covers: The entry id the cached summary covers up to.
         summary_tokens: The cached summary's tokens.
@@ -468,7 +469,8 @@ class TenantLimits(BaseModel):
         sessions: The most sessions the tenant may have.
         appends_per_second: The sustained append rate of one session.
         append_burst: The burst that rate allows.
-        ttl_seconds: Sessions expire this long after their last write.
+        ttl_seconds: Sessions expire this long after their last write (and at
+            most a tenth of it, a minute at most, later: see ``Settings``).
         checkpoints: The most checkpoints one session may keep.
     """
 

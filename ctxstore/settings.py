@@ -63,8 +63,10 @@ class Settings(BaseSettings):
         provider_safety_margin: Tokens kept free below a provider's window
             (context_window - max_output_tokens - margin).
         max_message_bytes: The largest message, as JSON, that is accepted.
-        session_ttl_seconds: Sessions expire this long after their last write
-            (refreshed on every write); ``None`` keeps them until deleted.
+        session_ttl_seconds: Sessions expire this long after their last write,
+            and at most a tenth of it (a minute at most) later: an append moves
+            the expiry of a session's keys only when they would otherwise
+            expire sooner; ``None`` keeps them until deleted.
         connect_timeout: Seconds to wait for a connection to Redis.
         operation_timeout: Seconds to wait for one Redis reply.
         max_connections: The most connections a process opens to one Redis

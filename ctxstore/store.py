@@ -331,7 +331,10 @@ class ContextStore:
         return await self._writer.pin(session, entry_id, pinned)
 
     async def set_ttl(self, session: str, seconds: int | None) -> None:
-        """Give this session its own TTL (refreshed by writes); ``None``: it never expires.
+        """Give this session its own TTL (moved on by writes); ``None``: it never expires.
+
+        As with the default TTL, the session expires between ``seconds`` and a
+        tenth more (a minute at most) after its last write.
 
         Raises:
             SessionNotFoundError: The session does not exist.

@@ -23,7 +23,7 @@ from ctxstore._codec import Kind, Meta, Reply, join_ids, text
 from ctxstore._connection import Commands
 from ctxstore._formats import REASONING, item_type
 from ctxstore._keys import SessionKeys
-from ctxstore._scope import Memo, Scope
+from ctxstore._scope import Scope
 from ctxstore._scripts import SCRIPTS
 from ctxstore._validate import (
     MAX_TTL_SECONDS,
@@ -127,8 +127,6 @@ class Writer:
         # (unique without a syscall per append, unlike a fresh random token).
         self._key_prefix = secrets.token_urlsafe(6) + "."
         self._key_counter = itertools.count()
-        # Sessions seen with a TTL of their own: their appends take the full form at once.
-        self._full: Memo[str, bool] = Memo()
 
     async def append(
         self,
@@ -172,13 +170,17 @@ class Writer:
             args.extend((data, tokens, key) if bare else (data, tokens, key, *rest))
         now = clock_arg(self._scope.clock)
         # The script's lean form (see append.lua) when nothing known asks for the full one:
-        # no default TTL, quota or injected clock, no system or pinned message, and the
-        # session not seen with a TTL of its own.
-        lean = (
-            not (limits.ttl_ms or limits.session_bytes or limits.session_tokens)
-            and not limits.appends_per_second
-            and now == ""
-            and all(entry[2] == "" for entry in entries)
+        # no injected clock, and no system or pinned message. It carries the default TTL
+        # and the quotas when any is in force, and is refused when the session's expiry
+        # is due to move (then every key's moves).
+        lean = now == "" and all(entry[2] == "" for entry in entries)
+        lean_form = (
+            limited
+            if limits.ttl_ms
+            or limits.session_bytes
+            or limits.session_tokens
+            or limits.appends_per_second
+            else ()
         )
         lean_keys = (keys.log, keys.meta, keys.idem, keys.idem_old)
         full_keys = (
@@ -206,12 +208,14 @@ class Writer:
                 nonlocal attempts
                 attempts += 1
                 made = attempts == 1 and idempotency_keys is None
+                period = int(settings.idempotency_seconds * 1000)
                 return (
                     "" if expected_seq is None else expected_seq,
                     settings.idempotency_window,
                     settings.summary_trigger_tokens,
                     -count if made else count,
-                    int(settings.idempotency_seconds * 1000),
+                    # Negative: a lean form followed by the limits (see append.lua).
+                    -period if form and len(declared) == len(lean_keys) else period,
                     *form,
                     *args,
                 )
@@ -227,18 +231,12 @@ class Writer:
             )
 
         async def run(reservation: tuple[str, int], after: Commands) -> Any:
-            if lean and reservation == NO_RESERVATION and session not in self._full:
-                reply = await send(lean_keys, (), after)
+            if lean and reservation == NO_RESERVATION:
+                reply = await send(lean_keys, lean_form, after)
                 if text(reply[0]) != Reply.KEYS:
                     return reply
                 after = ()  # sent with the lean form already
-            reply = await send(full_keys, (*limited, *reservation, now), after)
-            if text(reply[0]) == Reply.OK:  # the session's TTL, as the script found it
-                if reply[4]:
-                    self._full.put(session, True)
-                else:
-                    self._full.discard(session)
-            return reply
+            return await send(full_keys, (*limited, *reservation, now), after)
 
         reply = await self.listed(session, limits, run)
         if text(reply[0]) != Reply.OK:
@@ -527,10 +525,6 @@ class Writer:
             raise SessionNotFoundError(
                 "no such session", tenant=self._scope.tenant, session=session
             )
-        if ttl_ms:  # this pod's appends take the full form at once
-            self._full.put(session, True)
-        else:
-            self._full.discard(session)
         if chain[0]:
             await self._lineage.keep_alive(session, chain[0], ttl_ms, now=True)
 

@@ -180,3 +180,12 @@ async def key_states(raw: Redis, keys: list[str]) -> dict[str, tuple[Any, str]]:
         )
         for key, kind, value, ttl in zip(keys, kinds, values, replies[1::2], strict=True)
     }
+
+
+def ttl_span(ttl_ms: int) -> int:
+    """The most a session's keys last after a write, for a TTL of ``ttl_ms``.
+
+    An append moves their expiry only when it is due, to the TTL and a tenth
+    more, at most a minute (append.lua's ``stretch``).
+    """
+    return ttl_ms + min(ttl_ms // 10, 60_000)

@@ -21,11 +21,21 @@ from servers import Monitor, ServerPool
 from test_attacks import drop_reply
 from test_scripts import script_calls, undeclared
 
-from ctxstore import ConflictError, ContextStore, Settings
+from ctxstore import ConflictError, ContextStore, QuotaExceededError, Settings
 from ctxstore._scripts import SCRIPTS
 
-FULL, LEAN = (12, 13), (4, 5)
-"""An append's form: its keys, and its arguments before the messages' (8 each)."""
+FULL, LEAN, LEAN_LIMITED = (12, 13), (4, 5), (4, 10)
+"""An append's form: its keys, and its arguments before the messages' (8 or 3 each).
+
+LEAN_LIMITED: the lean form carrying a default TTL and the quotas (ARGV[5] negative).
+"""
+
+
+def first_of(keys: int, argv: Any) -> int:
+    """The arguments before the messages' in an append declaring ``keys`` keys."""
+    if keys == FULL[0]:
+        return FULL[1]
+    return LEAN_LIMITED[1] if int(argv[4]) < 0 else LEAN[1]
 
 
 @asynccontextmanager
@@ -54,9 +64,9 @@ def sent(store: ContextStore, per: list[int] | None = None) -> list[tuple[int, i
                 keys = int(command[2])
                 argv = command[3 + keys :]
                 n = abs(int(argv[3]))  # ARGV[4]: the messages
-                # 5 or 13 before them: 3n and 8n never differ by 8
-                each = 3 if len(argv) - 3 * n in (LEAN[1], FULL[1]) else 8
-                runs.append((keys, len(argv) - each * n))
+                first = first_of(keys, argv)
+                each = (len(argv) - first) // n
+                runs.append((keys, first))
                 if per is not None:
                     per.append(each)
         return await real(key, commands, **kwargs)
@@ -149,7 +159,11 @@ async def test_messages_with_no_kind_ids_or_preview_go_bare(
 async def test_a_ttl_set_by_another_pod_moves_every_key_s_expiry_on_the_next_append(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
-    """The lean form is refused with nothing written; the full form then writes once."""
+    """The lean form is refused with nothing written; the full form then writes once.
+
+    Until the session's expiry is due to move again, its appends are lean and move
+    nothing; with no TTL left they stay lean.
+    """
     async with two_pods(settings, tenant) as (pod, other):
         await pod.append("s", turn(0))
         await pod.checkpoint("s")  # a key only the full form declares
@@ -162,16 +176,19 @@ async def test_a_ttl_set_by_another_pod_moves_every_key_s_expiry_on_the_next_app
         [result] = await pod.append_many("s", [turn(2)])
         assert runs == [LEAN, FULL]
         assert result.seq == 3 and not result.duplicate
+        expiry = {key: await raw_redis.pexpiretime(key) for key in (keys.log, keys.meta)}
         for key in (keys.checkpoints, keys.log, keys.meta):
-            assert await raw_redis.pttl(key) > 500_000, key
+            # The TTL and a tenth of it, at most a minute (append.lua's TTL_SLACK_MOST).
+            assert 600_000 < await raw_redis.pttl(key) <= 660_000, key
         runs.clear()
-        await pod.append("s", turn(3))  # known now: the full form at once
-        assert runs == [FULL]
+        await pod.append("s", turn(3))  # not due: lean, and nothing moves
+        assert runs == [LEAN]
+        assert {key: await raw_redis.pexpiretime(key) for key in expiry} == expiry
         await other.set_ttl("s", None)
         runs.clear()
-        await pod.append("s", turn(4))  # full (the reply says: no TTL), then lean again
+        await pod.append("s", turn(4))
         await pod.append("s", turn(5))
-        assert runs == [FULL, LEAN]
+        assert runs == [LEAN, LEAN]
         assert await raw_redis.pttl(keys.log) == -1
         assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(6)]
 
@@ -196,7 +213,8 @@ async def test_the_lean_form_writes_nothing_when_it_needs_the_full_one(
     before = await state()
     assert await lean("s") == [b"keys"]  # its keep copy is a key the lean form lacks
     await store.set_ttl("s", 600)
-    assert await lean("") == [b"keys"]  # every key's expiry must move
+    await raw_redis.pexpire(keys.log, 599_000)  # a second on: every key's expiry must move
+    assert await lean("") == [b"keys"]
     after = await state()
     assert after[0] == before[0] and after[1] == {**before[1], b"ttl": b"600000"}
     assert not await raw_redis.hexists(keys.idem, "k1")
@@ -245,18 +263,24 @@ async def test_a_lost_lean_reply_retried_after_another_pod_set_a_ttl_is_answered
     async with two_pods(settings, tenant) as (pod, other):
         await pod.append("s", turn(0))
         runs = sent(pod)
-        dropped = drop_reply(
-            pod, monkeypatch, SCRIPTS.append, lambda: other.set_ttl("s", 600), keys=LEAN[0]
-        )
+
+        async def ttl_set_a_while_ago() -> None:
+            await other.set_ttl("s", 600)
+            await shorten(raw_redis, pod, "s")
+
+        dropped = drop_reply(pod, monkeypatch, SCRIPTS.append, ttl_set_a_while_ago, keys=LEAN[0])
         result = await pod.append("s", turn(1))
         assert dropped == [True]
         assert runs == [LEAN, LEAN, FULL]
         assert (result.seq, result.duplicate) == (2, True)
         assert [m.message for m in (await pod.read("s")).messages] == [turn(0), turn(1)]
+        runs.clear()
+        await pod.append("s", turn(2))  # a duplicate moved nothing: this write does
+        assert runs == [LEAN, FULL]
         await every_key_expires(raw_redis, pod, "s", 500_000)
         runs.clear()
-        await pod.append("s", turn(2))  # memoized: the full form at once
-        assert runs == [FULL]
+        await pod.append("s", turn(3))  # lean until it is due again
+        assert runs == [LEAN]
 
 
 async def test_the_attack_suites_lost_reply_is_of_an_applied_append_not_of_a_lean_refusal(
@@ -317,22 +341,22 @@ async def test_a_session_deleted_and_written_again_with_a_ttl_by_another_pod(
         runs.clear()
         await pod.append("s", turn(6))
         await pod.append("s", turn(7))
-        assert runs == [FULL, LEAN]
+        assert runs == [LEAN, LEAN]
         assert await raw_redis.pttl(pod.keys("s").log) == -1
 
 
 async def test_a_ttl_removed_by_another_pod_is_kept_removed_by_the_full_form(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
-    """set_ttl(None) elsewhere: this pod's full form (it memoized a TTL) sets no expiry."""
+    """set_ttl(None) elsewhere, after this pod's: neither form sets an expiry."""
     async with two_pods(settings, tenant) as (pod, other):
         await pod.append("s", turn(0))
         await pod.set_ttl("s", 600)
         await other.set_ttl("s", None)
         runs = sent(pod)
         await pod.append("s", turn(1))
-        await pod.append("s", turn(2))
-        assert runs == [FULL, LEAN]
+        await pod.append("s", turn(2), pinned=True)  # and the full form
+        assert runs == [LEAN, FULL]
         for key in (pod.keys("s").log, pod.keys("s").meta):
             assert await raw_redis.pttl(key) == -1, key
 
@@ -340,7 +364,7 @@ async def test_a_ttl_removed_by_another_pod_is_kept_removed_by_the_full_form(
 async def test_an_own_never_beats_a_default_ttl_and_a_pod_without_the_default_goes_lean(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
-    """An own TTL of 0 ("never") beats the default: the full form sets no expiry either.
+    """An own TTL of 0 ("never") beats the default: the lean form with it sets no expiry.
 
     A pod whose settings have no default TTL sends the lean form to a session another
     pod's default gave an expiry: neither moves it (before the two forms, its full form
@@ -355,14 +379,52 @@ async def test_an_own_never_beats_a_default_ttl_and_a_pod_without_the_default_go
         await pod.append("s", turn(0))
         await other.set_ttl("s", None)
         runs = sent(other)
-        await other.append("s", turn(1))  # a default TTL: always the full form
-        assert runs == [FULL]
+        await other.append("s", turn(1))  # a default TTL: carried by the lean form
+        await other.append("s", turn(2), pinned=True)  # and by the full form
+        assert runs == [LEAN_LIMITED, FULL]
         assert await raw_redis.pttl(pod.keys("s").log) == -1
         await other.append("t", turn(0))  # a new session: the default applies
         runs = sent(pod)
         await pod.append("t", turn(1))  # this pod has no default: lean, nothing moved
         assert runs == [LEAN]
         assert await raw_redis.pttl(pod.keys("t").log) > 0
+
+
+async def test_a_default_ttl_and_quotas_ride_the_lean_form(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A pod with a default TTL and quotas sends them in the lean form (10 arguments).
+
+    Steady appends move no expiry and are held to the quotas there, refused with
+    nothing written; when the expiry is due the lean form is refused and the full one
+    moves every key's.
+    """
+    limited = settings.model_copy(
+        update={"session_ttl_seconds": 600, "session_bytes": 4_000, "appends_per_second": 50.0}
+    )
+    async with ContextStore.from_settings(limited, tenant=tenant) as pod:
+        await pod.append("s", turn(0))
+        keys = pod.keys("s")
+        expiry = await raw_redis.pexpiretime(keys.meta)
+        runs = sent(pod)
+        await pod.append("s", turn(1))
+        await pod.append_many("s", [turn(2), turn(3)])
+        assert runs == [LEAN_LIMITED, LEAN_LIMITED]
+        assert await raw_redis.pexpiretime(keys.meta) == expiry  # not due: nothing moved
+        assert await raw_redis.hget(keys.meta, "rl_at")  # type: ignore[misc]  # the rate taken
+        before = await raw_redis.xlen(keys.log), await raw_redis.hget(keys.meta, "bytes")  # type: ignore[misc]
+        runs.clear()
+        with pytest.raises(QuotaExceededError) as refused:
+            await pod.append("s", {"role": "user", "content": "x" * 4_000})
+        assert refused.value.quota == "session_bytes" and runs == [LEAN_LIMITED]
+        assert (await raw_redis.xlen(keys.log), await raw_redis.hget(keys.meta, "bytes")) == before  # type: ignore[misc]
+        await raw_redis.pexpire(keys.meta, 599_000)  # a second on: due
+        runs.clear()
+        await pod.append("s", turn(4))
+        assert runs == [LEAN_LIMITED, FULL]
+        for key in (keys.log, keys.meta):
+            assert 600_000 < await raw_redis.pttl(key) <= 660_000, key
+        assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(5)]
 
 
 async def test_conflicts_in_both_forms(settings: Settings, tenant: str, raw_redis: Redis) -> None:
@@ -374,6 +436,7 @@ async def test_conflicts_in_both_forms(settings: Settings, tenant: str, raw_redi
             await pod.append("s", turn(2), expected_seq=1)
         assert runs == [LEAN]
         await other.set_ttl("s", 600)
+        await shorten(raw_redis, pod, "s")
         runs.clear()
         with pytest.raises(ConflictError):
             await pod.append("s", turn(2), expected_seq=1)
@@ -410,7 +473,7 @@ async def test_both_forms_as_functions(servers: ServerPool) -> None:
             await other.set_ttl("s", None)
             await pod.append("s", turn(3))
             await pod.append("s", turn(4))
-            assert runs == [LEAN, LEAN, FULL, FULL, LEAN]
+            assert runs == [LEAN, LEAN, FULL, LEAN, LEAN]
             assert await raw.pttl(pod.keys("s").log) == -1
         finally:
             await raw.aclose()

@@ -31,7 +31,7 @@ from helpers import key_states, oa_call, oa_result, turn
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from servers import ServerPool
-from test_append_forms import FULL, LEAN, leanify
+from test_append_forms import FULL, LEAN, first_of, leanify
 from test_attacks import _applied, drop_reply
 from test_made_keys_attack import pods
 from test_meta_layout import encoding
@@ -87,22 +87,17 @@ def old_append() -> OldScript:
     return OldScript(hashlib.sha1(source).hexdigest(), source)
 
 
-def _first(keys: int) -> int:
-    """The arguments before the messages', for a form declaring ``keys`` keys."""
-    return LEAN[1] if keys == LEAN[0] else FULL[1]
-
-
 def _per(command: tuple[Any, ...]) -> int:
     keys = int(command[2])
     argv = command[3 + keys :]
-    return (len(argv) - _first(keys)) // abs(int(argv[3]))
+    return (len(argv) - first_of(keys, argv)) // abs(int(argv[3]))
 
 
 def _widened(command: tuple[Any, ...]) -> tuple[Any, ...]:
     """The 8-argument form of a bare append (any other is returned as it is)."""
     keys = int(command[2])
     head, argv = command[: 3 + keys], command[3 + keys :]
-    first = _first(keys)
+    first = first_of(keys, argv)
     n = abs(int(argv[3]))
     messages = argv[first:]
     if len(messages) != 3 * n:
@@ -245,7 +240,12 @@ async def test_a_lost_lean_bare_reply_retried_as_full_after_a_ttl_is_answered_on
         await pod.append_many("s", [turn(i) for i in range(TABLE_AT)])
         keys = pod.keys("s")
         assert not await is_table(raw_redis, keys.idem)
-        sends = tap(pod, monkeypatch, lose=1, form=LEAN[0], between=lambda: other.set_ttl("s", 600))
+
+        async def ttl_set_a_while_ago() -> None:
+            await other.set_ttl("s", 600)
+            await raw_redis.pexpire(keys.meta, 599_000)  # a second on: due to move
+
+        sends = tap(pod, monkeypatch, lose=1, form=LEAN[0], between=ttl_set_a_while_ago)
         [result] = await pod.append_many("s", [turn(16)])
         assert sends.shapes == [(LEAN[0], -1, 3), (LEAN[0], 1, 3), (FULL[0], 1, 3)]
         assert (result.seq, result.duplicate) == (17, True)
@@ -428,7 +428,10 @@ async def test_a_quota_refuses_the_17th_key_alike_in_both_forms_with_nothing_wri
             assert await key_states(raw_redis, session_keys(store, session)) == before
             assert not await is_table(raw_redis, store.keys(session).idem)
             assert set(sends.per) == {8 if widen else 3}
-            assert {keys for keys, _, _ in sends.shapes} == {FULL[0]}  # a quota: the full form
+            # A quota: the lean form carries it, once the session exists (its creation
+            # is lean, refused for a reservation, then full).
+            assert [keys for keys, _, _ in sends.shapes[:2]] == [LEAN[0], FULL[0]]
+            assert {keys for keys, _, _ in sends.shapes[2:]} == {LEAN[0]}
             refusals.append((raised.value.quota, raised.value.limit))
             assert (await store.info(session)).count == TABLE_AT
     assert refusals[0] == refusals[1] and refusals[0][0] == quota
@@ -460,6 +463,7 @@ async def test_functions_mode_bare_forms_convert_rotate_and_answer_lost_replies(
             for i in range(TABLE_AT - 1):
                 await pod.append("s", turn(i), idempotency_key=f"k{i}")
             await other.set_ttl("s", 600)
+            await raw.pexpire(pod.keys("s").meta, 599_000)  # a second on: due to move
             sends = tap(pod, monkeypatch, lose=1, between=lambda: other.append("s", turn(99)))
             results = await pod.append_many(
                 "s", [turn(15), turn(16)], idempotency_keys=["k15", "k16"]

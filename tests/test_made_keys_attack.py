@@ -288,12 +288,13 @@ async def test_a_first_attempt_that_never_reached_redis_is_written_by_the_retry_
 
 
 async def test_a_lean_refusal_then_a_lost_full_reply_then_another_pods_delete(
-    settings: Settings, tenant: str, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, tenant: str, monkeypatch: pytest.MonkeyPatch, raw_redis: Redis
 ) -> None:
-    """Lean refused (a TTL the pod did not know), full applied, reply lost, delete: once."""
+    """Lean refused (a TTL due to move), full applied, reply lost, delete: once."""
     async with pods(settings, tenant) as (a, b):
         await a.append("s", turn(0))
         await b.set_ttl("s", 3_600)
+        await raw_redis.pexpire(a.keys("s").meta, 3_599_000)  # a second on: due to move
         seen = wire(a, monkeypatch, lose=1, between=lambda: b.delete("s"))
         result = await a.append("s", turn(1))
         assert seen.sends == [(LEAN[0], -1), (FULL[0], 1), (FULL[0], 1)]

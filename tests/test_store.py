@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS
-from helpers import USER, conversation, paired
+from helpers import USER, conversation, paired, ttl_span
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
@@ -660,16 +660,23 @@ async def test_delete_removes_every_key(store: ContextStore, raw_redis: Redis) -
 async def test_session_ttl_is_set_and_refreshed(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
-    """A configured TTL is put on the session's keys at every write."""
+    """A configured TTL is put on the session's keys, and moved by a write when due."""
     ttl = settings.model_copy(update={"session_ttl_seconds": 100})
     async with ContextStore.from_settings(ttl, tenant=tenant) as store:
         await store.append("s", USER)
         keys = store.keys("s")
-        assert 0 < await raw_redis.pttl(keys.log) <= 100_000
-        assert 0 < await raw_redis.pttl(keys.meta) <= 100_000
+        assert 100_000 < await raw_redis.pttl(keys.log) <= ttl_span(100_000)
+        assert 100_000 < await raw_redis.pttl(keys.meta) <= ttl_span(100_000)
+        expiry = await raw_redis.pexpiretime(keys.log)
+        await store.append("s", USER)  # not due: nothing moves
+        assert await raw_redis.pexpiretime(keys.log) == expiry
+        await raw_redis.pexpire(keys.meta, 99_000)  # as if a second had passed
+        await store.append("s", USER)
+        assert 100_000 < await raw_redis.pttl(keys.log) <= ttl_span(100_000)
+        assert await raw_redis.pexpiretime(keys.log) > expiry
         await store.set_ttl("s", 5000)
         await store.append("s", USER)
-        assert 100_000 < await raw_redis.pttl(keys.log) <= 5_000_000
+        assert 100_000 < await raw_redis.pttl(keys.log) <= ttl_span(5_000_000)
         assert (await store.info("s")).ttl_seconds == 5000
         await store.set_ttl("s", None)
         assert await raw_redis.pttl(keys.log) == -1

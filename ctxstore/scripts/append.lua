@@ -2,9 +2,11 @@
 --
 -- Two forms. The full form declares 12 keys and 13 arguments before the messages; the
 -- lean form, the steady state of most sessions, only the first 4 keys and 5 arguments
--- (each argument costs Redis some 2,000 instructions, a plain XADD all told 17,500). The
--- lean form is refused with {'keys'}, nothing written, when the write needs more: the
--- session has a TTL (every key's expiry moves), or a message is system or pinned.
+-- (each argument costs Redis some 2,000 instructions, a plain XADD all told 17,500), or
+-- 10 when a default TTL or a quota is in force (ARGV[5] negative: the full form's
+-- ARGV[6..10] follow). The lean form is refused with {'keys'}, nothing written, when
+-- the write needs more: the session's expiry is due to move (every key's: see
+-- `stretch`), or a message is system or pinned.
 --
 -- KEYS[1] log    stream, one entry per message
 -- KEYS[2] meta   hash: epoch, seq, count, tokens, first/last id, watermark...
@@ -25,8 +27,10 @@
 --         SDK for this call, on its first attempt (so none is looked up: a retry, whose
 --         first attempt may have written, sends n)
 -- ARGV[5] idempotency period (ms): a generation also ends after this long; it
---         expires two periods after it began (one after it ends, once renamed old)
--- the full form only (the lean form has no TTL, quota, reservation or clock):
+--         expires two periods after it began (one after it ends, once renamed old).
+--         Negative in a lean form that carries ARGV[6..10].
+-- the full form only (the lean form has no reservation or clock, and ARGV[6..10] only
+-- when ARGV[5] is negative: otherwise no default TTL and no quota):
 -- ARGV[6] default TTL in ms, or '' (a TTL set on the session wins)
 -- ARGV[7] quota: the most bytes in the session (0: none)
 -- ARGV[8] quota: the most tokens in the session (0: none)
@@ -68,12 +72,24 @@
 -- memory is worth: a hashtable holds each key in some 60 bytes more (a 128-key generation
 -- takes 12.5 KB, against 5.2 KB), for the one or two generations of the last two periods.
 local IDEM_TABLE_AT = 16
+-- The most a session's expiry runs past its TTL (ms; see `stretch`). No more than
+-- lineage.py's KEEP_ALIVE_MS: the segments a fork's history starts in are stretched that
+-- often, to outlast the session by twice that.
+local TTL_SLACK_MOST = 60000
 local lean = #KEYS == 4
-local FIRST = lean and 5 or 13  -- ARGV index before the first message's arguments
+local period = ARGV[5] + 0
+local limited = period < 0  -- a lean form with the limits (ARGV[6..10])
+if limited then period = -period end
+local FIRST = lean and (limited and 10 or 5) or 13  -- ARGV index before the first message's
 -- The full form's arguments, as the lean form stands for them.
 local default_ttl, quota_bytes, quota_tokens, quota_rate, quota_burst, rsv, deadline, clock
 if lean then
-  default_ttl, quota_bytes, quota_tokens, quota_rate = '', '0', '0', '0'
+  if limited then
+    default_ttl, quota_bytes, quota_tokens = ARGV[6], ARGV[7], ARGV[8]
+    quota_rate, quota_burst = ARGV[9], ARGV[10]
+  else
+    default_ttl, quota_bytes, quota_tokens, quota_rate = '', '0', '0', '0'
+  end
   rsv, deadline, clock = '', '0', ''
 else
   default_ttl, quota_bytes, quota_tokens, quota_rate = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
@@ -95,7 +111,19 @@ if made then n = -n end
 local PER = (#ARGV - FIRST) / n  -- the arguments of each message: 8, or 3 in the bare form
 local bare = PER == 3
 local ttl = tonumber(meta[5]) or tonumber(default_ttl)
-if lean and ttl and ttl > 0 then return {'keys'} end  -- every key's expiry must move
+-- A session with a TTL has every key's expiry moved only when the log or meta would
+-- otherwise expire sooner than `ttl` after this write (or later than `span`: the TTL
+-- was lowered), and then to `span`, `ttl` plus a tenth of it, at most TTL_SLACK_MOST:
+-- it expires between `ttl` and `span` after its last write, and most appends move
+-- nothing (nine PEXPIREs were 30% of such an append). The log is checked as well as
+-- meta: a fork's freeze may leave it to be made anew, without an expiry.
+local stretch, span = false, nil
+if ttl and ttl > 0 then
+  span = ttl + math.min(math.floor(ttl / 10), TTL_SLACK_MOST)
+  local log_left, meta_left = redis.call('PTTL', KEYS[1]), redis.call('PTTL', KEYS[2])
+  stretch = log_left < ttl or meta_left < ttl or log_left > span or meta_left > span
+  if lean and stretch then return {'keys'} end  -- every key's expiry must move
+end
 
 local seen = {}
 local fresh = 0
@@ -168,7 +196,6 @@ end
 if creating then created(KEYS[2], KEYS[6], rsv) end
 
 local window = ARGV[2] + 0
-local period = ARGV[5] + 0
 local since = (meta[10] or 0) + 0
 local since_changed = false
 local out = {'ok', 0, is_new, meta[12] or '', ttl or ''}
@@ -261,7 +288,9 @@ if threshold > 0 and meta[8] ~= '1' and tokens - (meta[7] or 0) >= threshold the
   end
 end
 
-if ttl and ttl > 0 then
-  for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PEXPIRE', KEYS[k], ttl) end
+-- A new keep copy, like a due stretch, moves every key's expiry (the keep hash may be new).
+if stretch or (kept and span) then
+  local until_ms = int(span)
+  for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PEXPIRE', KEYS[k], until_ms) end
 end
 return out
