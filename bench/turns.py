@@ -27,7 +27,8 @@ Run it from the repository root::
 
 A second table breaks the turn into its operations, as the cost-per-turn
 issue states its targets, on 3,000-message sessions: an append of one
-message; a *cold* view (a pod that keeps no views: a store with
+message (also by a pod whose tenant has a TTL and quotas, against a plain
+client that gives its stream the TTL); a *cold* view (a pod that keeps no views: a store with
 ``view_cache_bytes=0``, which has viewed each session before, so it knows
 where its last view started and reads back that far); and a *hot* view (the
 pod that viewed the session last, after one new message: its own, as in an
@@ -207,11 +208,16 @@ async def server_counters(raw: Redis) -> tuple[float, int]:
 
 
 class Plain:
-    """The hand-written baseline: raw streams, tiktoken at append."""
+    """The hand-written baseline: raw streams, tiktoken at append.
 
-    def __init__(self, raw: Redis, counter: TiktokenCounter) -> None:
+    ``ttl_ms``: each append gives the stream this TTL (``PEXPIRE`` pipelined after
+    each ``XADD``), as a hand-written store with retention would.
+    """
+
+    def __init__(self, raw: Redis, counter: TiktokenCounter, ttl_ms: int | None = None) -> None:
         self._raw = raw
         self._counter = counter
+        self._ttl_ms = ttl_ms
 
     async def fill(self, session: str, messages: Sequence[dict[str, Any]]) -> None:
         """Write a history untimed, pipelined."""
@@ -221,11 +227,17 @@ class Plain:
         await pipe.execute()
 
     async def append(self, session: str, messages: Sequence[dict[str, Any]]) -> None:
-        """One XADD per message."""
+        """One XADD per message (and its PEXPIRE with a TTL, in the same round trip)."""
+        key = f"plain:{session}"
         for message in messages:
-            await self._raw.xadd(
-                f"plain:{session}", {"m": json.dumps(message), "t": self._count(message)}
-            )
+            fields: dict[Any, Any] = {"m": json.dumps(message), "t": self._count(message)}
+            if self._ttl_ms is None:
+                await self._raw.xadd(key, fields)
+            else:
+                pipe = self._raw.pipeline(transaction=False)
+                pipe.xadd(key, fields)
+                pipe.pexpire(key, self._ttl_ms)
+                await pipe.execute()
 
     async def view(self, session: str) -> int:
         """The system prompt and the newest 64 messages."""
@@ -317,11 +329,23 @@ async def workload(
 
 
 OTHERS = "hot view, another's message"
-OPERATIONS = ("append", "append, paced", "cold view", "hot view", OTHERS)
+LIMITED = "append, TTL and quotas"
+LIMITS: dict[str, Any] = {
+    "session_ttl_seconds": 86_400,
+    "session_bytes": 10**9,
+    "session_tokens": 10**9,
+    "appends_per_second": 100.0,
+    "append_burst": 10_000,
+}
+"""A tenant's TTL and quotas, as a platform would set them (none is reached here)."""
+OPERATIONS = ("append", "append, paced", LIMITED, "cold view", "hot view", OTHERS)
 """``append, paced``: each append is due the tenant index's touch, as when a session's
 turns come a second or more apart (a model call between them): its pod's
 ``index_interval`` is 0. It writes sessions of its own, so the views' rows still
 follow one new message. The plain client has no index: its row is a plain append.
+``append, TTL and quotas``: a pod whose tenant has a TTL and size and rate quotas
+(:data:`LIMITS`, never reached), on sessions of its own; the plain client's append
+gives its stream the TTL too (``XADD`` and ``PEXPIRE`` in one round trip).
 ``hot view``: the pod appended the new message itself (an agent loop), and so need not
 read it back; ``hot view, another's message``: another pod did (the cold one), and the
 hot pod reads it."""
@@ -416,18 +440,23 @@ async def operations(
     )
     cold_settings = base.model_copy(update={"view_cache_bytes": 0})
     paced_settings = base.model_copy(update={"index_interval": 0.0})
+    limited_settings = base.model_copy(update=LIMITS)
     raw = Redis.from_url(url)
     history = conversation(length, size, seed=9)
     names = [f"ops{length}-{i}" for i in range(sessions)]
     paced_names = [f"ops{length}-paced-{i}" for i in range(sessions)]
+    limited_names = [f"ops{length}-limited-{i}" for i in range(sessions)]
     blocks = {(side, op): Block() for side in ("plain", "ctxstore") for op in OPERATIONS}
     idle = Block()  # phases that do nothing: what the INFO probes themselves cost
     async with (
         ContextStore.from_settings(base, tenant="bench") as hot,
         ContextStore.from_settings(cold_settings, tenant="bench") as cold,
         ContextStore.from_settings(paced_settings, tenant="bench") as paced,
+        ContextStore.from_settings(limited_settings, tenant="bench") as limited,
     ):
         plain, ctx, ctx_cold, ctx_paced = Plain(raw, counter), Ctx(hot), Ctx(cold), Ctx(paced)
+        plain_ttl = Plain(raw, counter, ttl_ms=LIMITS["session_ttl_seconds"] * 1000)
+        ctx_limited = Ctx(limited)
         for session in names:
             await plain.fill(session, history)
             await ctx.fill(session, history)
@@ -436,6 +465,9 @@ async def operations(
         for session in paced_names:
             await plain.fill(session, history)
             await ctx_paced.fill(session, history)
+        for session in limited_names:
+            await plain_ttl.fill(session, history)
+            await ctx_limited.fill(session, history)
 
         user_turn = user_turns(size)
 
@@ -445,11 +477,17 @@ async def operations(
         if meter is not None:
             meter.start()
         for _ in range(rounds):
-            sides = (("plain", plain, plain, plain), ("ctxstore", ctx, ctx_cold, ctx_paced))
-            for label, side, cold_side, paced_side in sides:
+            sides = (
+                ("plain", plain, plain, plain, plain_ttl),
+                ("ctxstore", ctx, ctx_cold, ctx_paced, ctx_limited),
+            )
+            for label, side, cold_side, paced_side, limited_side in sides:
                 await phase(raw, names, adding(side), blocks[(label, "append")], meter)
                 await phase(
                     raw, paced_names, adding(paced_side), blocks[(label, "append, paced")], meter
+                )
+                await phase(
+                    raw, limited_names, adding(limited_side), blocks[(label, LIMITED)], meter
                 )
                 await phase(raw, names, side.view, blocks[(label, "hot view")], meter)
                 await phase(raw, names, cold_side.view, blocks[(label, "cold view")], meter)
