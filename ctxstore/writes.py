@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from ctxstore._codec import Kind, Meta, Reply, join_ids, text
 from ctxstore._connection import Commands
 from ctxstore._formats import REASONING, item_type
 from ctxstore._keys import SessionKeys
-from ctxstore._scope import Scope
+from ctxstore._scope import Memo, Scope
 from ctxstore._scripts import SCRIPTS
 from ctxstore._validate import (
     MAX_TTL_SECONDS,
@@ -127,6 +128,10 @@ class Writer:
         # (unique without a syscall per append, unlike a fresh random token).
         self._key_prefix = secrets.token_urlsafe(6) + "."
         self._key_counter = itertools.count()
+        # Sessions with a TTL: until when (monotonic) their keys' expiry need not move, as
+        # the last append's reply told. Past it the full form goes at once: the lean one
+        # would be refused (a session written less often than its expiry's slack).
+        self._lean_until: Memo[str, float] = Memo()
 
     async def append(
         self,
@@ -230,6 +235,9 @@ class Writer:
                 after=after,
             )
 
+        until = self._lean_until.get(session)
+        lean = lean and (until is None or time.monotonic() < until)
+
         async def run(reservation: tuple[str, int], after: Commands) -> Any:
             if lean and reservation == NO_RESERVATION:
                 reply = await send(lean_keys, lean_form, after)
@@ -250,8 +258,13 @@ class Writer:
                 duplicate=int(reply[i + 3]) == 1,
                 summary_due=due > 0,
             )
-            for i in range(5, len(reply), 4)
+            for i in range(6, len(reply), 4)
         ]
+        if reply[4] and reply[5] != b"":  # a TTL: how long the lean form will do
+            lean_for = (int(reply[5]) - int(reply[4])) / 1000
+            self._lean_until.put(session, time.monotonic() + lean_for)
+        else:
+            self._lean_until.discard(session)
         self._note_own(session, entries, results)
         if reply[3]:  # its history starts in segments: they must outlive it
             await self._lineage.keep_alive(session, reply[3], reply[4])

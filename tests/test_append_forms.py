@@ -9,6 +9,7 @@ the Functions mode, and check that the lean form touches only the keys it declar
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -275,8 +276,8 @@ async def test_a_lost_lean_reply_retried_after_another_pod_set_a_ttl_is_answered
         assert (result.seq, result.duplicate) == (2, True)
         assert [m.message for m in (await pod.read("s")).messages] == [turn(0), turn(1)]
         runs.clear()
-        await pod.append("s", turn(2))  # a duplicate moved nothing: this write does
-        assert runs == [LEAN, FULL]
+        await pod.append("s", turn(2))  # a duplicate moved nothing: this write does, and
+        assert runs == [FULL]  # at once: the retry's reply told the expiry was due
         await every_key_expires(raw_redis, pod, "s", 500_000)
         runs.clear()
         await pod.append("s", turn(3))  # lean until it is due again
@@ -425,6 +426,37 @@ async def test_a_default_ttl_and_quotas_ride_the_lean_form(
         for key in (keys.log, keys.meta):
             assert 600_000 < await raw_redis.pttl(key) <= 660_000, key
         assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(5)]
+
+
+async def test_a_session_written_less_often_than_its_slack_takes_the_full_form_at_once(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """The reply says how long the keys' expiry need not move; past that, full at once.
+
+    A chat written every few minutes would otherwise pay a lean refusal before each
+    append; the full form also serves an append that is not due (it moves nothing).
+    """
+    limited = settings.model_copy(update={"session_ttl_seconds": 600})
+    async with ContextStore.from_settings(limited, tenant=tenant) as pod:
+        await pod.append("s", turn(0))  # creates: moves the expiry to 660 s
+        lean_until = pod._writer._lean_until
+        window = (lean_until.get("s") or 0) - time.monotonic()
+        assert 55 < window <= 60  # the slack: TTL/10, at most a minute
+        keys = pod.keys("s")
+        expiry = await raw_redis.pexpiretime(keys.meta)
+        runs = sent(pod)
+        lean_until.put("s", time.monotonic() - 1)  # as if a minute had passed
+        await pod.append("s", turn(1))
+        assert runs == [FULL]  # no lean refusal first
+        assert await raw_redis.pexpiretime(keys.meta) == expiry  # not due in Redis's time
+        runs.clear()
+        await pod.append("s", turn(2))  # the reply gave the window back
+        assert runs == [LEAN_LIMITED]
+        await raw_redis.pexpire(keys.meta, 599_000)  # due: another pod's clock, say
+        runs.clear()
+        await pod.append("s", turn(3))
+        assert runs == [LEAN_LIMITED, FULL]
+        assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(4)]
 
 
 async def test_conflicts_in_both_forms(settings: Settings, tenant: str, raw_redis: Redis) -> None:

@@ -58,7 +58,9 @@
 -- a session deleted and written again continues its epoch and sequence.
 --
 -- Returns {'ok', due_generation, created 0/1, the session's chain ('' for none: lineage.py),
---      its TTL in ms ('' for none), (entry id, seq, epoch, duplicate 0/1) per message},
+--      its TTL in ms ('' for none), the ms its keys have left after this write ('' with no
+--      TTL: the SDK sends the full form once that is under the TTL), (entry id, seq, epoch,
+--      duplicate 0/1) per message},
 --      {'conflict', current seq, fresh 0/1, now}, {'quota', name, limit, value, fresh, now},
 --      {'reserve'} (no live reservation for a session this would create) or {'keys'}
 --      (the lean form, for a write that needs the full one).
@@ -117,11 +119,12 @@ local ttl = tonumber(meta[5]) or tonumber(default_ttl)
 -- it expires between `ttl` and `span` after its last write, and most appends move
 -- nothing (nine PEXPIREs were 30% of such an append). The log is checked as well as
 -- meta: a fork's freeze may leave it to be made anew, without an expiry.
-local stretch, span = false, nil
+local stretch, span, left = false, nil, ''
 if ttl and ttl > 0 then
   span = ttl + math.min(math.floor(ttl / 10), TTL_SLACK_MOST)
   local log_left, meta_left = redis.call('PTTL', KEYS[1]), redis.call('PTTL', KEYS[2])
   stretch = log_left < ttl or meta_left < ttl or log_left > span or meta_left > span
+  left = math.min(log_left, meta_left)
   if lean and stretch then return {'keys'} end  -- every key's expiry must move
 end
 
@@ -198,8 +201,8 @@ if creating then created(KEYS[2], KEYS[6], rsv) end
 local window = ARGV[2] + 0
 local since = (meta[10] or 0) + 0
 local since_changed = false
-local out = {'ok', 0, is_new, meta[12] or '', ttl or ''}
-local o = 5  -- the last index of `out` set
+local out = {'ok', 0, is_new, meta[12] or '', ttl or '', left}
+local o = 6  -- the last index of `out` set
 local answers = false  -- a new message answers a tool call: an open exchange may be closed
 local kept = false  -- a new message is system or pinned: the keep hash changed
 local first_id = meta[9]
@@ -292,5 +295,6 @@ end
 if stretch or (kept and span) then
   local until_ms = int(span)
   for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PEXPIRE', KEYS[k], until_ms) end
+  out[6] = span
 end
 return out
