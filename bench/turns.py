@@ -13,7 +13,10 @@ shipped deploy/redis.conf with persistence off), so the server's CPU
 (``INFO cpu``: user + system, main thread and I/O) and its output bytes
 (``INFO stats`` ``total_net_output_bytes``) belong to the run alone. The
 workloads: one session of 100, 1,000 and 3,000 messages (filled untimed
-first), and 50 sessions of 1,000 messages served round robin. ctxstore and the
+first), 50 sessions of 1,000 messages served round robin, and the same run at
+once, each session an agent loop of its own (as a pod serving many agents runs
+them: the server then reads several requests per wake-up, and its cost per
+request follows its instructions more than its system calls). ctxstore and the
 plain client alternate in blocks, on sessions of their own, and each figure is
 per turn: the median client time, and the server's CPU and bytes over the
 block divided by its turns (the two INFO probes per block are under 0.1% of
@@ -277,12 +280,15 @@ async def run_block(
     sessions: Sequence[str],
     turns: int,
     next_turn: Callable[[], list[dict[str, Any]]],
+    at_once: bool = False,
 ) -> Block:
-    """``turns`` agent turns, round robin over ``sessions``."""
-    block = Block(turns=turns)
-    cpu0, out0 = await server_counters(raw)
-    for index in range(turns):
-        session = sessions[index % len(sessions)]
+    """``turns`` agent turns, round robin over ``sessions``.
+
+    ``at_once``: each session is an agent loop of its own, all of them running
+    together (``turns`` a session), as a pod serving many agents runs them.
+    """
+
+    async def one_turn(session: str) -> None:
         exchange = next_turn()
         started = time.perf_counter()
         await side.append(session, exchange[:1])
@@ -290,15 +296,27 @@ async def run_block(
         await side.append(session, exchange[1:])
         await side.view(session)
         block.seconds.append(time.perf_counter() - started)
+
+    async def agent(session: str) -> None:
+        for _ in range(turns):
+            await one_turn(session)
+
+    block = Block(turns=turns * len(sessions) if at_once else turns)
+    cpu0, out0 = await server_counters(raw)
+    if at_once:
+        await asyncio.gather(*(agent(session) for session in sessions))
+    else:
+        for index in range(turns):
+            await one_turn(sessions[index % len(sessions)])
     cpu1, out1 = await server_counters(raw)
     block.cpu_s, block.out_bytes = cpu1 - cpu0, out1 - out0
     return block
 
 
 async def workload(
-    url: str, name: str, length: int, sessions: int, turns: int, rounds: int
+    url: str, name: str, length: int, sessions: int, turns: int, rounds: int, at_once: bool = False
 ) -> dict[str, Any]:
-    """One workload: fill both sides, then alternate blocks of turns."""
+    """One workload: fill both sides, then alternate blocks of turns (see :func:`run_block`)."""
     counter = TiktokenCounter()
     settings = Settings(redis_url=url, key_prefix="turns", queue_name="turns:summaries")
     raw = Redis.from_url(url)
@@ -311,7 +329,7 @@ async def workload(
     history = conversation(length, SIZE, seed=3)
     async with ContextStore.from_settings(settings, tenant="bench") as store:
         plain, ctx = Plain(raw, counter), Ctx(store)
-        names = [f"s{length}-{sessions}-{i}" for i in range(sessions)]
+        names = [f"s{length}-{sessions}-{'once-' if at_once else ''}{i}" for i in range(sessions)]
         for session in names:
             await plain.fill(session, history)
             await ctx.fill(session, history)
@@ -321,7 +339,8 @@ async def workload(
             if round_ % 2:
                 order.reverse()
             for label, side in order:
-                blocks[label].append(await run_block(side, raw, names, turns, next_turn))
+                block = await run_block(side, raw, names, turns, next_turn, at_once)
+                blocks[label].append(block)
     await raw.aclose()
     merged = {label: _merge(b) for label, b in blocks.items()}
     ratio = {k: merged["ctxstore"][k] / merged["plain"][k] for k in merged["plain"]}
@@ -338,7 +357,17 @@ LIMITS: dict[str, Any] = {
     "append_burst": 10_000,
 }
 """A tenant's TTL and quotas, as a platform would set them (none is reached here)."""
-OPERATIONS = ("append", "append, paced", LIMITED, "cold view", "hot view", OTHERS)
+APPEND_AT_ONCE, VIEW_AT_ONCE = "append, all at once", "hot view, all at once"
+OPERATIONS = (
+    "append",
+    "append, paced",
+    LIMITED,
+    "cold view",
+    "hot view",
+    OTHERS,
+    APPEND_AT_ONCE,
+    VIEW_AT_ONCE,
+)
 """``append, paced``: each append is due the tenant index's touch, as when a session's
 turns come a second or more apart (a model call between them): its pod's
 ``index_interval`` is 0. It writes sessions of its own, so the views' rows still
@@ -346,6 +375,13 @@ follow one new message. The plain client has no index: its row is a plain append
 ``append, TTL and quotas``: a pod whose tenant has a TTL and size and rate quotas
 (:data:`LIMITS`, never reached), on sessions of its own; the plain client's append
 gives its stream the TTL too (``XADD`` and ``PEXPIRE`` in one round trip).
+``append, all at once`` and ``hot view, all at once``: the same append, then the
+hot view after it, on all of 20 sessions together (4 under ``--instructions``; sessions
+of their own, so the cold view still reads back what it did),
+as a pod serving many agents
+sends them (the server reads several requests per wake-up: its system calls
+are shared, and its cost per request follows its instructions). Their client
+times are the wait of each of the calls in flight together.
 ``hot view``: the pod appended the new message itself (an agent loop), and so need not
 read it back; ``hot view, another's message``: another pod did (the cold one), and the
 hot pod reads it."""
@@ -396,16 +432,27 @@ async def phase(
     block: Block,
     meter: Instructions | None = None,
     times: int = 1,
+    at_once: bool = False,
 ) -> None:
-    """Run ``operation`` once per session (``times`` over), adding its cost to ``block``."""
+    """Run ``operation`` once per session (``times`` over), adding its cost to ``block``.
+
+    ``at_once``: on every session together (each round of ``times``), not one by one.
+    """
+
+    async def timed(session: str) -> None:
+        started = time.perf_counter()
+        await operation(session)
+        block.seconds.append(time.perf_counter() - started)
+
     cpu0, out0 = await server_counters(raw)
     if meter is not None:
         meter.zero()
     for _ in range(times):
-        for session in sessions:
-            started = time.perf_counter()
-            await operation(session)
-            block.seconds.append(time.perf_counter() - started)
+        if at_once:
+            await asyncio.gather(*(timed(session) for session in sessions))
+        else:
+            for session in sessions:
+                await timed(session)
     if meter is not None:
         block.instructions += meter.total()
     cpu1, out1 = await server_counters(raw)
@@ -446,6 +493,7 @@ async def operations(
     names = [f"ops{length}-{i}" for i in range(sessions)]
     paced_names = [f"ops{length}-paced-{i}" for i in range(sessions)]
     limited_names = [f"ops{length}-limited-{i}" for i in range(sessions)]
+    once_names = [f"ops{length}-once-{i}" for i in range(sessions)]
     blocks = {(side, op): Block() for side in ("plain", "ctxstore") for op in OPERATIONS}
     idle = Block()  # phases that do nothing: what the INFO probes themselves cost
     async with (
@@ -468,6 +516,10 @@ async def operations(
         for session in limited_names:
             await plain_ttl.fill(session, history)
             await ctx_limited.fill(session, history)
+        for session in once_names:
+            await plain.fill(session, history)
+            await ctx.fill(session, history)
+            await ctx.view(session)
 
         user_turn = user_turns(size)
 
@@ -494,6 +546,9 @@ async def operations(
                 for session in names:  # untimed: another pod's message (the cold pod's)
                     await cold_side.append(session, user_turn())
                 await phase(raw, names, side.view, blocks[(label, OTHERS)], meter)
+                at_once = blocks[(label, APPEND_AT_ONCE)], blocks[(label, VIEW_AT_ONCE)]
+                await phase(raw, once_names, adding(side), at_once[0], meter, at_once=True)
+                await phase(raw, once_names, side.view, at_once[1], meter, at_once=True)
                 await phase(raw, names, nothing, idle, meter)
     await raw.aclose()
     if meter is None:  # under valgrind, the server's CPU time says nothing
@@ -610,18 +665,21 @@ def _table(
 
 async def main_async(quick: bool) -> None:
     turns, rounds = (20, 2) if quick else (60, 4)
-    cases: list[tuple[str, int, int]] = [
-        ("one session", 100, 1),
-        ("one session", 1_000, 1),
-        ("one session", 3_000, 1),
-        ("50 sessions", 1_000, 50),
+    # (name, messages a session, sessions, turns a block, all sessions at once)
+    cases: list[tuple[str, int, int, int, bool]] = [
+        ("one session", 100, 1, turns, False),
+        ("one session", 1_000, 1, turns, False),
+        ("one session", 3_000, 1, turns, False),
+        ("50 sessions", 1_000, 50, turns, False),
+        ("50 at once", 1_000, 50, 2, True),
     ]
     rows = []
     with private_redis(SHIPPED_CONF) as (url, note):
         if url is None:
             raise SystemExit(f"the turn benchmark needs a private Redis 7: {note}")
-        for name, length, sessions in cases:
-            rows.append(await workload(url, name, length, sessions, turns, rounds))
+        for name, length, sessions, block_turns, at_once in cases:
+            row = await workload(url, name, length, sessions, block_turns, rounds, at_once)
+            rows.append(row)
             print(render(rows[-1:]).splitlines()[-1], flush=True)
         per_op = {
             size: await operations(url, OPS_LENGTH, OPS_SESSIONS, 3 if quick else 10, size)
