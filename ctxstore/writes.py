@@ -213,7 +213,8 @@ class Writer:
                 nonlocal attempts
                 attempts += 1
                 made = attempts == 1 and idempotency_keys is None
-                period = int(settings.idempotency_seconds * 1000)
+                # At least 1 ms: its sign tells the script whether the limits follow.
+                period = max(1, int(settings.idempotency_seconds * 1000))
                 return (
                     "" if expected_seq is None else expected_seq,
                     settings.idempotency_window,

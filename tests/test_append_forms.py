@@ -459,6 +459,24 @@ async def test_a_session_written_less_often_than_its_slack_takes_the_full_form_a
         assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(4)]
 
 
+async def test_a_sub_millisecond_idempotency_period_still_flags_the_limits(
+    settings: Settings, tenant: str
+) -> None:
+    """The period's sign flags the limits: one under a millisecond is sent as 1 ms.
+
+    As 0 it would have no sign, and the script would read the limits as a message.
+    """
+    brief = settings.model_copy(
+        update={"idempotency_seconds": 0.0004, "session_ttl_seconds": 600, "session_bytes": 10**6}
+    )
+    async with ContextStore.from_settings(brief, tenant=tenant) as pod:
+        await pod.append("s", turn(0))
+        runs = sent(pod)
+        await pod.append_many("s", [turn(1), turn(2)])
+        assert runs == [LEAN_LIMITED]
+        assert [m.message for m in (await pod.read("s")).messages] == [turn(n) for n in range(3)]
+
+
 async def test_conflicts_in_both_forms(settings: Settings, tenant: str, raw_redis: Redis) -> None:
     """A stale expected_seq is refused in the lean form, and in the full one after a refusal."""
     async with two_pods(settings, tenant) as (pod, other):
