@@ -394,10 +394,13 @@ async def assert_ttls(client: Redis, keys: tuple[str, ...], seconds: int) -> Non
         assert seconds * 1000 - 10_000 < pttl <= ttl_span(seconds * 1000), (key, pttl)
 
 
-async def test_a_tenant_ttl_is_given_to_the_session_keys_and_renewed_by_every_write(
+async def test_a_tenant_ttl_is_given_to_the_session_keys_and_renewed_by_writes_when_due(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
-    """With the tenant's ttl_seconds, writes give the session's keys that TTL and renew it."""
+    """With the tenant's ttl_seconds, writes give the session's keys that TTL and renew it.
+
+    Each write below comes when the keys have 5 s left: due (append.lua's ``stretch``).
+    """
     summarizing = settings.model_copy(
         update={"summary_trigger_tokens": 0, "summary_keep_tokens": 20}
     )
