@@ -33,6 +33,7 @@ from ctxstore import (
     SessionExistsError,
     SessionNotFoundError,
     Settings,
+    StoreUnavailableError,
     TenantLimits,
 )
 from ctxstore._formats import entry_order
@@ -488,7 +489,15 @@ async def test_pods_racing_deep_rewinds_and_freezing_forks_lose_and_double_nothi
                     elif op == "checkpoint":
                         await pod.checkpoint("s")
                     elif op == "pop":
-                        taken = await pod.pop("s")
+                        try:
+                            taken = await pod.pop("s")
+                        except StoreUnavailableError as refused:
+                            # With the live log empty, each try reads the chain's tail and
+                            # another pod's freeze moved the chain under it, 3 times: a
+                            # refusal with nothing taken (the attack's forks come that fast).
+                            if "chain kept changing" not in str(refused):
+                                raise
+                            taken = None
                         if taken is not None:
                             popped.append(tag(taken.message))
                     else:
