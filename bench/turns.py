@@ -505,21 +505,19 @@ async def operations(
         plain, ctx, ctx_cold, ctx_paced = Plain(raw, counter), Ctx(hot), Ctx(cold), Ctx(paced)
         plain_ttl = Plain(raw, counter, ttl_ms=LIMITS["session_ttl_seconds"] * 1000)
         ctx_limited = Ctx(limited)
-        for session in names:
-            await plain.fill(session, history)
-            await ctx.fill(session, history)
-            await ctx.view(session)  # the hot pod has served every session once
-            await ctx_cold.view("warm-up")  # the cold pod's connection and scripts are ready
-        for session in paced_names:
-            await plain.fill(session, history)
-            await ctx_paced.fill(session, history)
-        for session in limited_names:
-            await plain_ttl.fill(session, history)
-            await ctx_limited.fill(session, history)
-        for session in once_names:
-            await plain.fill(session, history)
-            await ctx.fill(session, history)
-            await ctx.view(session)
+        filled: list[tuple[list[str], Plain, Ctx]] = [
+            (names, plain, ctx),
+            (paced_names, plain, ctx_paced),
+            (limited_names, plain_ttl, ctx_limited),
+            (once_names, plain, ctx),
+        ]
+        for group, plain_side, ctx_side in filled:
+            for session in group:
+                await plain_side.fill(session, history)
+                await ctx_side.fill(session, history)
+                if ctx_side is ctx:
+                    await ctx.view(session)  # the hot pod has served its sessions once
+        await ctx_cold.view("warm-up")  # the cold pod's connection and scripts are ready
 
         user_turn = user_turns(size)
 

@@ -83,6 +83,13 @@ class Limits:
         """The default TTL as the scripts take it."""
         return self.ttl_ms or ""
 
+    @property
+    def bound_writes(self) -> bool:
+        """A default TTL or a write quota is in force (an append must carry it)."""
+        return bool(
+            self.ttl_ms or self.session_bytes or self.session_tokens or self.appends_per_second
+        )
+
 
 def quota_error(
     reply: list[Any], *, tenant: str, session: str | None, key: str | None

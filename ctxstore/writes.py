@@ -179,14 +179,7 @@ class Writer:
         # and the quotas when any is in force, and is refused when the session's expiry
         # is due to move (then every key's moves).
         lean = now == "" and all(entry[2] == "" for entry in entries)
-        lean_form = (
-            limited
-            if limits.ttl_ms
-            or limits.session_bytes
-            or limits.session_tokens
-            or limits.appends_per_second
-            else ()
-        )
+        lean_form = limited if limits.bound_writes else ()
         lean_keys = (keys.log, keys.meta, keys.idem, keys.idem_old)
         full_keys = (
             *lean_keys,
