@@ -452,29 +452,25 @@ async def test_a_raised_default_ttl_is_honoured_by_the_next_append(
         await written_within(raw_redis, store, "s", 600_000, since, until)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect, not of the stretch: an append with no TTL in force reads no expiry "
-    "(a PTTL on every such append would cost them all ~3k instructions); see the closing note",
-)
 @pytest.mark.parametrize("source", SOURCES)
-async def test_a_removed_default_ttl_lets_a_session_expire_while_it_is_written(
+async def test_a_removed_default_ttl_keeps_the_session_from_the_next_append(
     settings: Settings, tenant: str, raw_redis: Redis, source: str
 ) -> None:
-    """DEFECT: a default TTL removed (600 s to none) lets a session expire under its writes.
+    """A default TTL removed (600 s to none): the next append keeps the session for ever.
 
-    Not new in this change (HEAD fails alike). Appends find no TTL and touch no expiry,
-    so the keys keep the old one: written all along, the session still expires ~10 s
-    after this write, though it should now be kept until deleted (under the old TTL,
-    600 s after the write). A pod without the default (rolling deploy) does the same.
+    It once did not: appends found no TTL and touched no expiry, so the keys kept the
+    old one, and a session written all along still expired ~10 s after this write. The
+    append now reads meta's expiry when no TTL is in force: the lean form is refused
+    and the full one takes every key's expiry away, once; later appends are lean again.
     """
     async with change_default(settings, tenant, source, 600, None) as store:
         keys = store.keys("s")
         left = await raw_redis.pttl(keys.meta)
         await age(raw_redis, nine(store, "s"), left - 10_000)  # written all along: 10 s left
-        since = await now_ms(raw_redis)
+        forms = sent(store)
         await store.append("s", turn(1))
-        left = await raw_redis.pttl(keys.meta)
-        assert left == -1 or await raw_redis.pexpiretime(keys.meta) >= since + 600_000, (
-            f"meta expires {left} ms after a write"
-        )
+        assert await together(raw_redis, store, "s") == -1, "a key still expires"
+        assert forms == [LEAN, FULL]
+        await store.append("s", turn(2))
+        assert forms[2:] == [LEAN]
+        assert await together(raw_redis, store, "s") == -1

@@ -5,8 +5,8 @@
 -- (each argument costs Redis some 2,000 instructions, a plain XADD all told 17,500), or
 -- 10 when a default TTL or a quota is in force (ARGV[5] negative: the full form's
 -- ARGV[6..10] follow). The lean form is refused with {'keys'}, nothing written, when
--- the write needs more: the session's expiry is due to move (every key's: see
--- `stretch`), or a message is system or pinned.
+-- the write needs more: the session's expiry is due to move or to go (every key's: see
+-- `stretch` and `unbound`), or a message is system or pinned.
 --
 -- KEYS[1] log    stream, one entry per message
 -- KEYS[2] meta   hash: epoch, seq, count, tokens, first/last id, watermark...
@@ -21,7 +21,8 @@
 -- KEYS[9] index  the search index (only its TTL is touched here)
 -- KEYS[10] checkpoints, KEYS[11] checkpoint summaries, KEYS[12] branches (TTLs only)
 -- ARGV[1] expected seq, or '' to append unconditionally
--- ARGV[2] idempotency window: keys per generation, at most
+-- ARGV[2] idempotency window: keys per generation, at most; negative: check that the keys
+--         do not expire when no TTL is in force (see `unbound`)
 -- ARGV[3] summary threshold: tokens past the watermark that make a summary due (0: never)
 -- ARGV[4] n, the number of messages; -n when every idempotency key is new: made by the
 --         SDK for this call, on its first attempt (so none is looked up: a retry, whose
@@ -119,13 +120,25 @@ local ttl = tonumber(meta[5]) or tonumber(default_ttl)
 -- it expires between `ttl` and `span` after its last write, and most appends move
 -- nothing (nine PEXPIREs were 30% of such an append). The log is checked as well as
 -- meta: a fork's freeze may leave it to be made anew, without an expiry.
-local stretch, span, left = false, nil, ''
+-- With no TTL in force, a session whose meta still expires had one that was removed (a
+-- default its tenant or pod no longer sets): every key's expiry goes (`unbound`), or the
+-- session would expire under its writes at the old time. Checked only when the caller
+-- asks (ARGV[2] negative: a pod's first append to the session, its first that finds no
+-- TTL after one that found one, and then once a minute): the PTTL, some 3,000
+-- instructions, is 2% of an append.
+local window = ARGV[2] + 0
+local check = window < 0
+if check then window = -window end
+local stretch, unbound, span, left = false, false, nil, ''
 if ttl and ttl > 0 then
   span = ttl + math.min(math.floor(ttl / 10), TTL_SLACK_MOST)
   local log_left, meta_left = redis.call('PTTL', KEYS[1]), redis.call('PTTL', KEYS[2])
   stretch = log_left < ttl or meta_left < ttl or log_left > span or meta_left > span
   left = math.min(log_left, meta_left)
   if lean and stretch then return {'keys'} end  -- every key's expiry must move
+elseif check and seq and redis.call('PTTL', KEYS[2]) >= 0 then
+  if lean then return {'keys'} end
+  unbound = true
 end
 
 local seen = {}
@@ -198,7 +211,6 @@ end
 
 if creating then created(KEYS[2], KEYS[6], rsv) end
 
-local window = ARGV[2] + 0
 local since = (meta[10] or 0) + 0
 local since_changed = false
 local out = {'ok', 0, is_new, meta[12] or '', ttl or '', left}
@@ -296,5 +308,7 @@ if stretch or (kept and span) then
   local until_ms = int(span)
   for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PEXPIRE', KEYS[k], until_ms) end
   out[6] = span
+elseif unbound then
+  for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PERSIST', KEYS[k]) end
 end
 return out
