@@ -149,22 +149,32 @@ local function keep_bytes(value)
   return #value - at
 end
 
--- Take `n` writes from the session's rate bucket in `meta` (refilled at `rate` per
--- second, up to `burst`; 0: no limit), or from `inherited` ({tokens, at}: a deleted
--- life's, see `creation`) when meta has none. Nil when allowed (the bucket is
--- written), else the refusal. Call it after every other check: it writes.
-local function take_rate(meta, n, rate, burst, inherited)
-  if rate <= 0 or n <= 0 then return nil end
-  local state = redis.call('HMGET', meta, 'rl_tokens', 'rl_at')
-  if not state[1] and inherited then state = inherited end  -- a new life: its tombstone's
+-- Take `n` writes from a session's rate bucket `tokens`, `at` (meta's 'rl_tokens' and
+-- 'rl_at'; nil: full), refilled at `rate` per second up to `burst`, or from `inherited`
+-- ({tokens, at}: a deleted life's, see `creation`) when meta has none. Returns nil and
+-- the bucket's new 'rl_tokens' and 'rl_at' (for the caller to write) when allowed, else
+-- the refusal.
+local function rate_taken(tokens, at, n, rate, burst, inherited)
+  if not tokens and inherited then tokens, at = inherited[1], inherited[2] end  -- a new life
   local now = now_ms('')
-  local last = tonumber(state[2]) or now
-  local left = math.min(burst, (tonumber(state[1]) or burst) + (now - last) * rate / 1000)
+  local last = tonumber(at) or now
+  local left = math.min(burst, (tonumber(tokens) or burst) + (now - last) * rate / 1000)
   if left < n then
     -- Strings: Redis would truncate a fractional Lua number to an integer.
     return {'quota', 'appends_per_second', tostring(rate), tostring(n - left)}
   end
-  redis.call('HSET', meta, 'rl_tokens', left - n, 'rl_at', now)
+  return nil, left - n, now
+end
+
+-- Take `n` writes from the session's rate bucket in `meta` (0: no limit; see
+-- `rate_taken`). Nil when allowed (the bucket is written), else the refusal. Call it
+-- after every other check: it writes.
+local function take_rate(meta, n, rate, burst, inherited)
+  if rate <= 0 or n <= 0 then return nil end
+  local state = redis.call('HMGET', meta, 'rl_tokens', 'rl_at')
+  local refusal, tokens, at = rate_taken(state[1], state[2], n, rate, burst, inherited)
+  if refusal then return refusal end
+  redis.call('HSET', meta, 'rl_tokens', tokens, 'rl_at', at)
   return nil
 end
 

@@ -98,9 +98,19 @@ else
   default_ttl, quota_bytes, quota_tokens, quota_rate = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
   quota_burst, rsv, deadline, clock = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 end
--- Each field read costs some 2,500 instructions: 'idle' is read only when a summary may be due.
-local meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
-                        'wm_tokens', 'sq', 'first_id', 'idem_since', 'bytes', 'chain')
+-- Each field read costs some 2,500 instructions: 'idle' is read only when a summary may be due,
+-- the rate bucket only under a rate quota (read and written with the rest of meta: its own
+-- HMGET and HSET cost such an append some 20,000 more).
+local rated = quota_rate ~= '0'
+local meta
+if rated then
+  meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
+                    'wm_tokens', 'sq', 'first_id', 'idem_since', 'bytes', 'chain',
+                    'rl_tokens', 'rl_at')
+else
+  meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'count', 'tokens', 'ttl', 'idem_n',
+                    'wm_tokens', 'sq', 'first_id', 'idem_since', 'bytes', 'chain')
+end
 -- Numbers from strings by arithmetic, not tonumber(), which parses each twice.
 local seq = nil  -- none: the session does not exist
 if meta[1] then seq = meta[1] + 0 end
@@ -174,6 +184,7 @@ if fresh > 0 and ARGV[1] ~= '' and ARGV[1] + 0 ~= seq then
 end
 
 local bytes = (meta[11] or 0) + 0
+local rl_tokens, rl_at = nil, nil  -- the rate bucket after this write, under a rate quota
 if fresh > 0 then
   local new_bytes, new_tokens = 0, 0
   for i = 1, n do
@@ -198,8 +209,9 @@ if fresh > 0 then
     refusal = size_refusal(bytes + new_bytes, tokens + new_tokens,
                            tonumber(quota_bytes), tonumber(quota_tokens))
   end
-  if not refusal and quota_rate ~= '0' then
-    refusal = take_rate(KEYS[2], fresh, tonumber(quota_rate), tonumber(quota_burst), bucket)
+  if not refusal and rated then
+    refusal, rl_tokens, rl_at = rate_taken(meta[13], meta[14], fresh, tonumber(quota_rate),
+                                           tonumber(quota_burst), bucket)
   end
   if refusal then
     table.insert(refusal, is_new)
@@ -283,8 +295,14 @@ if fresh == 0 then return out end
 -- generation's start, when they change (each field written costs some 3,000 instructions
 -- in a listpack, 1,000 in a hashtable), and then the layout of a session created before
 -- meta had one (its first new generation moves it to the hashtable encoding: `LAYOUT`).
-redis.call('HSET', KEYS[2], 'seq', seq_s, 'count', count_s, 'tokens', tokens_s,
-           'bytes', int(bytes), 'idem_n', int(idem_n), 'last_id', last_id)
+if rl_at then
+  redis.call('HSET', KEYS[2], 'seq', seq_s, 'count', count_s, 'tokens', tokens_s,
+             'bytes', int(bytes), 'idem_n', int(idem_n), 'last_id', last_id,
+             'rl_tokens', rl_tokens, 'rl_at', rl_at)
+else
+  redis.call('HSET', KEYS[2], 'seq', seq_s, 'count', count_s, 'tokens', tokens_s,
+             'bytes', int(bytes), 'idem_n', int(idem_n), 'last_id', last_id)
+end
 if creating or not meta[2] or first_changed or since_changed then
   redis.call('HSET', KEYS[2], 'epoch', epoch_s, 'first_id', first_id, 'idem_since', int(since),
              'layout', LAYOUT)
