@@ -424,6 +424,25 @@ async def test_a_ttl_found_makes_the_next_append_without_one_check_at_once(
         assert await raw_redis.pttl(pod.keys("s").meta) == -1
 
 
+async def test_a_retry_that_adds_nothing_still_takes_a_removed_ttls_expiry_away(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """The check's answer holds for a minute, so a retry answered from the record acts too.
+
+    An append under the tenant's TTL, then the TTL removed, then the same call again
+    (its idempotency key): every message is a duplicate, and the keys lose their expiry.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
+        await pod.set_limits(TenantLimits(ttl_seconds=600))
+        await pod.append("s", turn(0), idempotency_key="call-1")
+        assert await raw_redis.pttl(pod.keys("s").meta) > 0
+        await pod.set_limits(TenantLimits(ttl_seconds=None))
+        again = await pod.append("s", turn(0), idempotency_key="call-1")
+        assert again.duplicate
+        for key in (pod.keys("s").log, pod.keys("s").meta):
+            assert await raw_redis.pttl(key) == -1, key
+
+
 async def test_an_own_never_beats_a_default_ttl_and_a_pod_without_the_default_goes_lean(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:

@@ -289,6 +289,10 @@ for i = 1, n do
   end
 end
 
+-- Even for a retry that adds nothing: the writer takes the reply as checked.
+if unbound then
+  for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PERSIST', KEYS[k]) end
+end
 if fresh == 0 then return out end
 
 -- Only what changes on every append; the epoch, the first id and the idempotency
@@ -326,7 +330,5 @@ if stretch or (kept and span) then
   local until_ms = int(span)
   for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PEXPIRE', KEYS[k], until_ms) end
   out[6] = span
-elseif unbound then
-  for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PERSIST', KEYS[k]) end
 end
 return out
