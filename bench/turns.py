@@ -358,6 +358,7 @@ LIMITS: dict[str, Any] = {
 }
 """A tenant's TTL and quotas, as a platform would set them (none is reached here)."""
 APPEND_AT_ONCE, VIEW_AT_ONCE = "append, all at once", "hot view, all at once"
+FLOOR_APPEND, FLOOR_VIEW = "floor: XADD in a script", "floor: one request (PING)"
 OPERATIONS = (
     "append",
     "append, paced",
@@ -367,6 +368,8 @@ OPERATIONS = (
     OTHERS,
     APPEND_AT_ONCE,
     VIEW_AT_ONCE,
+    FLOOR_APPEND,
+    FLOOR_VIEW,
 )
 """``append, paced``: each append is due the tenant index's touch, as when a session's
 turns come a second or more apart (a model call between them): its pod's
@@ -384,7 +387,13 @@ are shared, and its cost per request follows its instructions). Their client
 times are the wait of each of the calls in flight together.
 ``hot view``: the pod appended the new message itself (an agent loop), and so need not
 read it back; ``hot view, another's message``: another pod did (the cold one), and the
-hot pod reads it."""
+hot pod reads it.
+The two floors set beside the plain client's append and view what no design of ctxstore's
+can cost less than, one at a time: ``floor: XADD in a script``, a script that does nothing
+but the message's ``XADD``, sent as the lean append is (4 keys, 8 arguments); ``floor: one
+request (PING)``, any read that is validated in one round trip (the plain view makes two).
+Where Redis idles between requests its wake-up dominates both: a target under a floor's
+ratio cannot be met by changing the scripts or the reads."""
 
 
 def user_turns(size: int) -> Callable[[], list[dict[str, Any]]]:
@@ -406,6 +415,27 @@ def appending(
         await side.append(session, turn())
 
     return add
+
+
+FLOOR_SCRIPT = "return redis.call('XADD', KEYS[1], '*', 'm', ARGV[6], 't', ARGV[7])"
+"""The least an atomic script append can do: the message's ``XADD``, nothing else."""
+
+
+def floors(
+    raw: Redis, turn: Callable[[], list[dict[str, Any]]]
+) -> tuple[Callable[[str], Awaitable[None]], Callable[[str], Awaitable[None]]]:
+    """The two floors' operations (see :data:`OPERATIONS`), on streams of their own."""
+    script = raw.register_script(FLOOR_SCRIPT)  # EVALSHA, as ctxstore sends its scripts
+
+    async def script_append(session: str) -> None:
+        keys = [f"floor:{{{session}}}:{name}" for name in ("log", "meta", "idem", "old")]
+        data = json.dumps(turn()[0])
+        await script(keys, ["", 128, 0, -1, 3_600_000, data, 300, "k.1"])
+
+    async def one_request(session: str) -> None:
+        await raw.ping()
+
+    return script_append, one_request
 
 
 def compare_rows(
@@ -524,14 +554,16 @@ async def operations(
         def adding(side: Plain | Ctx) -> Callable[[str], Awaitable[None]]:
             return appending(side, user_turn)
 
+        floor_append, floor_view = floors(raw, user_turn)
+        await floor_append("warm-up")  # the script is loaded
         if meter is not None:
             meter.start()
         for _ in range(rounds):
             sides = (
-                ("plain", plain, plain, plain, plain_ttl),
-                ("ctxstore", ctx, ctx_cold, ctx_paced, ctx_limited),
+                ("plain", plain, plain, plain, plain_ttl, adding(plain), plain.view),
+                ("ctxstore", ctx, ctx_cold, ctx_paced, ctx_limited, floor_append, floor_view),
             )
-            for label, side, cold_side, paced_side, limited_side in sides:
+            for label, side, cold_side, paced_side, limited_side, least_append, least_view in sides:
                 await phase(raw, names, adding(side), blocks[(label, "append")], meter)
                 await phase(
                     raw, paced_names, adding(paced_side), blocks[(label, "append, paced")], meter
@@ -547,6 +579,8 @@ async def operations(
                 at_once = blocks[(label, APPEND_AT_ONCE)], blocks[(label, VIEW_AT_ONCE)]
                 await phase(raw, once_names, adding(side), at_once[0], meter, at_once=True)
                 await phase(raw, once_names, side.view, at_once[1], meter, at_once=True)
+                await phase(raw, names, least_append, blocks[(label, FLOOR_APPEND)], meter)
+                await phase(raw, names, least_view, blocks[(label, FLOOR_VIEW)], meter)
                 await phase(raw, names, nothing, idle, meter)
     await raw.aclose()
     if meter is None:  # under valgrind, the server's CPU time says nothing
