@@ -223,7 +223,10 @@ end
 local function tombstone(epoch, seq, rl_tokens, rl_at)
   local tomb = ((tonumber(epoch) or 0) + 1) .. ' ' .. (tonumber(seq) + 1)
   if rl_tokens and rl_at then
-    tomb = tomb .. ' ' .. string.format('%.3f', tonumber(rl_tokens)) .. ' ' .. rl_at
+    -- Rounded down: '%.3f' alone rounds 0.9996 up to a whole token, which the new life
+    -- would let through where the old refused it.
+    local kept = math.floor(tonumber(rl_tokens) * 1000) / 1000
+    tomb = tomb .. ' ' .. string.format('%.3f', kept) .. ' ' .. rl_at
   end
   return tomb
 end
