@@ -96,14 +96,6 @@ def _refused(reply: Any) -> bool:
 RESERVE_ATTEMPTS = 3
 """Reservations a write that creates its session takes before it gives up."""
 
-UNBOUND_CHECK_SECONDS = 60.0
-"""How long a pod's appends to a session with no TTL in force go without asking the script
-to check that none of its keys still expires (a TTL removed: see ``append.lua``). Its first
-append to a session, and its first that finds no TTL after one that found one, always
-ask; later checks matter only while pods disagree on a default TTL (a rolling deploy),
-as a TTL'd pod's append gives the keys an expiry again. A minute, as long as a session's
-expiry runs past its TTL at most (append.lua's ``TTL_SLACK_MOST``)."""
-
 
 class Writer:
     """One tenant's writes.
@@ -140,11 +132,6 @@ class Writer:
         # the last append's reply told. Past it the full form goes at once: the lean one
         # would be refused (a session written less often than its expiry's slack).
         self._lean_until: Memo[str, float] = Memo()
-        # Sessions with no TTL in force: until when (monotonic) their appends need not ask
-        # the script to check that no key still expires. A TTL removed (the tenant's or
-        # the pod's default set to none) leaves the keys' old expiry: the first append that
-        # finds no TTL, after one that found one, takes it away.
-        self._unbound_until: Memo[str, float] = Memo()
 
     async def append(
         self,
@@ -221,10 +208,9 @@ class Writer:
                 made = attempts == 1 and idempotency_keys is None
                 # At least 1 ms: its sign tells the script whether the limits follow.
                 period = max(1, int(settings.idempotency_seconds * 1000))
-                window = settings.idempotency_window
                 return (
                     "" if expected_seq is None else expected_seq,
-                    -window if check else window,  # negative: check (see append.lua)
+                    settings.idempotency_window,
                     settings.summary_trigger_tokens,
                     -count if made else count,
                     # Negative: a lean form followed by the limits (see append.lua).
@@ -245,8 +231,6 @@ class Writer:
 
         until = self._lean_until.get(session)
         lean = lean and (until is None or time.monotonic() < until)
-        checked = self._unbound_until.get(session)
-        check = checked is None or time.monotonic() >= checked
 
         async def run(reservation: tuple[str, int], after: Commands) -> Any:
             if lean and reservation == NO_RESERVATION:
@@ -275,13 +259,11 @@ class Writer:
             self._lean_until.put(session, time.monotonic() + lean_for)
         else:
             self._lean_until.discard(session)
-        if reply[4]:  # a TTL in force: the next append without one checks
-            self._unbound_until.discard(session)
-        elif check:  # none, and no key expires now
-            self._unbound_until.put(session, time.monotonic() + UNBOUND_CHECK_SECONDS)
         self._note_own(session, entries, results)
         if reply[3]:  # its history starts in segments: they must outlive it
-            await self._lineage.keep_alive(session, reply[3], reply[4])
+            # At once when the script took a removed TTL's expiry away (-1: see append.lua).
+            unbound = reply[5] == -1
+            await self._lineage.keep_alive(session, reply[3], reply[4], now=unbound)
         if due:
             await self._handoff.due(self._scope.tenant, session, due)
         return results

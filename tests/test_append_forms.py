@@ -49,14 +49,11 @@ async def two_pods(settings: Settings, tenant: str) -> AsyncIterator[tuple[Conte
         yield pod, other
 
 
-def sent(
-    store: ContextStore, per: list[int] | None = None, checks: list[bool] | None = None
-) -> list[tuple[int, int]]:
+def sent(store: ContextStore, per: list[int] | None = None) -> list[tuple[int, int]]:
     """Record the form of each append the store sends (EVALSHA, EVAL or FCALL).
 
     Each is its keys and its arguments before the messages'; ``per`` gets each
-    message's: 8, or 3 in the bare form; ``checks`` whether it asked the script to check
-    that no key expires with no TTL in force (ARGV[2] negative).
+    message's: 8, or 3 in the bare form.
     """
     real = store._connection.node_call
     names = {SCRIPTS.append.sha, SCRIPTS.append.source, SCRIPTS.append.function}
@@ -73,8 +70,6 @@ def sent(
                 runs.append((keys, first))
                 if per is not None:
                     per.append(each)
-                if checks is not None:
-                    checks.append(int(argv[1]) < 0)
         return await real(key, commands, **kwargs)
 
     store._connection.node_call = node_call  # type: ignore[method-assign]
@@ -367,15 +362,14 @@ async def test_a_ttl_removed_by_another_pod_is_kept_removed_by_the_full_form(
             assert await raw_redis.pttl(key) == -1, key
 
 
-async def test_a_pod_checks_for_a_removed_ttl_on_its_first_append_then_once_a_minute(
+async def test_a_pod_without_the_default_takes_another_pods_expiry_away_at_its_appends(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
-    """With no TTL in force a pod asks the script whether a key still expires, seldom.
+    """Pods that disagree on a default TTL (a rolling deploy): the last writer's holds.
 
-    On its first append to a session, and then a minute after its last check
-    (``UNBOUND_CHECK_SECONDS``): in between, another pod's default TTL given to the keys
-    stays (pods that disagree on a default, as in a rolling deploy); at the check, the
-    lean form is refused and the full one takes every key's expiry away.
+    The pod without one finds meta expiring with no TTL in force: its lean form is
+    refused and the full one takes every key's expiry away; its next append is lean.
+    After the other pod's next due append the keys expire again, and the same follows.
     """
     defaulted = settings.model_copy(update={"session_ttl_seconds": 600})
     async with (
@@ -383,51 +377,23 @@ async def test_a_pod_checks_for_a_removed_ttl_on_its_first_append_then_once_a_mi
         ContextStore.from_settings(defaulted, tenant=tenant) as other,
     ):
         await other.append("s", turn(0))  # the default TTL: every key expires
-        checks: list[bool] = []
-        runs = sent(pod, checks=checks)
-        await pod.append("s", turn(1))  # the first: checked, the expiry goes
-        await pod.append("s", turn(2))  # checked a moment ago: not again
-        assert (runs, checks) == ([LEAN, FULL, LEAN], [True, True, False])
+        runs = sent(pod)
+        await pod.append("s", turn(1))
+        await pod.append("s", turn(2))
+        assert runs == [LEAN, FULL, LEAN]
         assert await raw_redis.pttl(pod.keys("s").meta) == -1
         await other.append("s", turn(3))  # due: the default TTL again
-        await pod.append("s", turn(4))  # within the minute: lean, unchecked
-        assert (runs[3:], checks[3:]) == ([LEAN], [False])
         assert await raw_redis.pttl(pod.keys("s").meta) > 0
-        pod._writer._unbound_until.put("s", time.monotonic())  # a minute on
-        await pod.append("s", turn(5))
-        await pod.append("s", turn(6))
-        assert (runs[4:], checks[4:]) == ([LEAN, FULL, LEAN], [True, True, False])
-        for key in (pod.keys("s").log, pod.keys("s").meta, pod.keys("s").index):
-            assert await raw_redis.pttl(key) in (-1, -2), key  # the index may not exist
-
-
-async def test_a_ttl_found_makes_the_next_append_without_one_check_at_once(
-    settings: Settings, tenant: str, raw_redis: Redis
-) -> None:
-    """A pod checked a session (no TTL), then found a TTL, then none: it checks at once.
-
-    The tenant's TTL set, then removed, within a minute of the pod's last check: the
-    append under the TTL forgets the check, so the first append after the removal
-    takes the keys' expiry away (else the session expires at its old time).
-    """
-    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
-        await pod.append("s", turn(0))  # checked: no TTL
-        await pod.set_limits(TenantLimits(ttl_seconds=600))
-        await pod.append("s", turn(1))  # due: every key expires
-        assert await raw_redis.pttl(pod.keys("s").meta) > 0
-        await pod.set_limits(TenantLimits(ttl_seconds=None))
-        checks: list[bool] = []
-        runs = sent(pod, checks=checks)
-        await pod.append("s", turn(2))
-        assert (runs, checks) == ([LEAN, FULL], [True, True])
-        assert await raw_redis.pttl(pod.keys("s").log) == -1
-        assert await raw_redis.pttl(pod.keys("s").meta) == -1
+        await pod.append("s", turn(4))
+        assert runs[3:] == [LEAN, FULL]
+        for key in (pod.keys("s").log, pod.keys("s").meta):
+            assert await raw_redis.pttl(key) == -1, key
 
 
 async def test_a_retry_that_adds_nothing_still_takes_a_removed_ttls_expiry_away(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
-    """The check's answer holds for a minute, so a retry answered from the record acts too.
+    """A retry answered from the record takes a removed TTL's expiry away too.
 
     An append under the tenant's TTL, then the TTL removed, then the same call again
     (its idempotency key): every message is a duplicate, and the keys lose their expiry.

@@ -109,18 +109,6 @@ def _widened(command: tuple[Any, ...]) -> tuple[Any, ...]:
     return (*head, *out)
 
 
-def _as_older(command: tuple[Any, ...], old: OldScript) -> tuple[Any, ...]:
-    """``command`` as an older pod sends it: to its script, never asking for the expiry check.
-
-    A newer pod asks for it with a negative ARGV[2] (the idempotency window).
-    """
-    keys = int(command[2])
-    head, argv = command[: 3 + keys], command[3 + keys :]
-    window = abs(int(argv[1]))
-    name = old.sha if command[0] == "EVALSHA" else old.source
-    return (head[0], name, *head[2:], argv[0], window, *argv[2:])
-
-
 @dataclass
 class Sends:
     """Each append that reached Redis: (keys declared, ARGV[4], arguments a message)."""
@@ -160,7 +148,7 @@ def tap(
         if widen or old is not None:
             first = _widened(first)
         if old is not None:
-            first = _as_older(first, old)
+            first = (first[0], old.sha if first[0] == "EVALSHA" else old.source, *first[2:])
         replies = await real(key, [first, *commands[1:]], **kwargs)
         if isinstance(replies[0], rex.NoScriptError):
             return replies

@@ -21,8 +21,7 @@
 -- KEYS[9] index  the search index (only its TTL is touched here)
 -- KEYS[10] checkpoints, KEYS[11] checkpoint summaries, KEYS[12] branches (TTLs only)
 -- ARGV[1] expected seq, or '' to append unconditionally
--- ARGV[2] idempotency window: keys per generation, at most; negative: check that the keys
---         do not expire when no TTL is in force (see `unbound`)
+-- ARGV[2] idempotency window: keys per generation, at most
 -- ARGV[3] summary threshold: tokens past the watermark that make a summary due (0: never)
 -- ARGV[4] n, the number of messages; -n when every idempotency key is new: made by the
 --         SDK for this call, on its first attempt (so none is looked up: a retry, whose
@@ -59,9 +58,9 @@
 -- a session deleted and written again continues its epoch and sequence.
 --
 -- Returns {'ok', due_generation, created 0/1, the session's chain ('' for none: lineage.py),
---      its TTL in ms ('' for none), the ms its keys have left after this write ('' with no
---      TTL: the SDK sends the full form once that is under the TTL), (entry id, seq, epoch,
---      duplicate 0/1) per message},
+--      its TTL in ms ('' for none), the ms its keys have left after this write (the SDK
+--      sends the full form once that is under the TTL; '' with no TTL, -1 when this write
+--      took a removed TTL's expiry away), (entry id, seq, epoch, duplicate 0/1) per message},
 --      {'conflict', current seq, fresh 0/1, now}, {'quota', name, limit, value, fresh, now},
 --      {'reserve'} (no live reservation for a session this would create) or {'keys'}
 --      (the lean form, for a write that needs the full one).
@@ -131,14 +130,10 @@ local ttl = tonumber(meta[5]) or tonumber(default_ttl)
 -- nothing (nine PEXPIREs were 30% of such an append). The log is checked as well as
 -- meta: a fork's freeze may leave it to be made anew, without an expiry.
 -- With no TTL in force, a session whose meta still expires had one that was removed (a
--- default its tenant or pod no longer sets): every key's expiry goes (`unbound`), or the
--- session would expire under its writes at the old time. Checked only when the caller
--- asks (ARGV[2] negative: a pod's first append to the session, its first that finds no
--- TTL after one that found one, and then once a minute): the PTTL, some 3,000
--- instructions, is 2% of an append.
-local window = ARGV[2] + 0
-local check = window < 0
-if check then window = -window end
+-- default its tenant or pod no longer sets, or another write path's): every key's expiry
+-- goes (`unbound`), or the session would expire under its writes at the old time. The
+-- PTTL costs every such append some 4,000 instructions (3%); a pod's memo of sessions
+-- checked, which saved it, missed the TTLs other write paths and other pods gave between.
 local stretch, unbound, span, left = false, false, nil, ''
 if ttl and ttl > 0 then
   span = ttl + math.min(math.floor(ttl / 10), TTL_SLACK_MOST)
@@ -146,7 +141,7 @@ if ttl and ttl > 0 then
   stretch = log_left < ttl or meta_left < ttl or log_left > span or meta_left > span
   left = math.min(log_left, meta_left)
   if lean and stretch then return {'keys'} end  -- every key's expiry must move
-elseif check and seq and redis.call('PTTL', KEYS[2]) >= 0 then
+elseif seq and redis.call('PTTL', KEYS[2]) >= 0 then
   if lean then return {'keys'} end
   unbound = true
 end
@@ -223,6 +218,7 @@ end
 
 if creating then created(KEYS[2], KEYS[6], rsv) end
 
+local window = ARGV[2] + 0
 local since = (meta[10] or 0) + 0
 local since_changed = false
 local out = {'ok', 0, is_new, meta[12] or '', ttl or '', left}
@@ -289,9 +285,10 @@ for i = 1, n do
   end
 end
 
--- Even for a retry that adds nothing: the writer takes the reply as checked.
+-- Even for a retry that adds nothing (its pod would go lean, and be refused, again).
 if unbound then
   for _, k in ipairs({1, 2, 5, 7, 8, 9, 10, 11, 12}) do redis.call('PERSIST', KEYS[k]) end
+  out[6] = -1  -- the writer makes the segments its history starts in last for ever too
 end
 if fresh == 0 then return out end
 

@@ -1,0 +1,762 @@
+"""Attacks on a TTL removed at the next append (ddbcc24) and the bucket in meta (62a523d).
+
+ddbcc24, as since reworked: every append with no TTL in force (no 'ttl' of the
+session's own in meta, no default) reads meta's PTTL; if meta still expires, the lean
+form is refused with ``{'keys'}`` and the full one PERSISTs the nine keys, even on a
+retry answered entirely from the idempotency record. Its reply then says -1 as the
+keys' time left, and the writer makes the segments the session's history starts in
+last for ever too (``Lineage.keep_alive(..., now=True)``). No writer memo skips the
+check. Under attack: a session that must keep a TTL never loses it; a removed TTL does
+go at the next append, whatever came before it (a lost reply, a refusal, a batch, a
+pin, a fork, a delete, a lease, another write path of the same pod, another pod's
+TTL given and removed), its segments with it; a refusal writes nothing, no PERSIST
+either.
+
+62a523d: the rate bucket, 'rl_tokens' and 'rl_at', in the append's one HMGET and one
+HSET. Under attack: the bucket's exact arithmetic across the lean and full forms and
+the scripts that keep ``take_rate`` (pin, checkpoint, pop), an older pod's script,
+edited (fractional, exponent) values, a refusal, and a delete's tombstone.
+
+Time is never slept through: expiries are moved with PEXPIRE(AT), the bucket's clock by
+editing 'rl_at'.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BACKENDS
+from helpers import SYSTEM, turn
+from redis.asyncio import Redis
+from servers import ServerPool
+from test_append_forms import FULL, LEAN, LEAN_LIMITED, sent
+from test_attacks import drop_reply
+from test_lean_limits_attack import force_full, states
+from test_ttl_stretch_attack import (
+    age,
+    change_default,
+    expiries,
+    fork_settings,
+    nine,
+    now_ms,
+    pods,
+    segment_keys,
+    together,
+    with_ttl,
+)
+
+from ctxstore import (
+    ConflictError,
+    ContextStore,
+    QuotaExceededError,
+    Settings,
+    TenantLimits,
+)
+from ctxstore._scripts import SCRIPTS, _used
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SHORT = 30
+"""A short tenant TTL (s): a session given it is gone half a minute after that write
+unless its next append, once the TTL is removed, takes the expiry away."""
+
+
+async def meta_left(raw: Redis, pod: ContextStore, session: str) -> int:
+    return int(await raw.pttl(pod.keys(session).meta))
+
+
+async def never_expires(raw: Redis, store: ContextStore, session: str) -> list[str]:
+    """Neither ``session``'s keys nor the segments its history starts in expire; those."""
+    assert await together(raw, store, session) == -1
+    segments = await segment_keys(store, session)
+    left = {key[-12:]: await raw.pttl(key) for key in segments}
+    assert all(v == -1 for v in left.values()), left
+    return segments
+
+
+# -- a removed TTL goes at the next append ---------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+async def test_a_removed_tenant_ttl_goes_at_the_next_append_on_either_backend(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Tenant TTL 600 s to none, 10 s left: the next append takes all nine expiries away.
+
+    On a cluster too (the nine keys share a slot). Lean refused, the full form PERSISTs
+    once; the next append, finding meta without an expiry, is lean; nothing expires.
+    """
+    async with change_default(settings, tenant, "tenant limits", 600, None) as store:
+        assert (await store.search("s", "quick fox")) is not None  # the search index too
+        await age(raw_redis, nine(store, "s"), (await meta_left(raw_redis, store, "s")) - 10_000)
+        assert set(await expiries(raw_redis, store, "s")) >= {"log", "meta", "keep"}
+        runs = sent(store)
+        await store.append("s", turn(1))
+        assert runs == [LEAN, FULL]
+        assert await together(raw_redis, store, "s") == -1
+        await store.append("s", turn(2))
+        assert runs[2:] == [LEAN]
+        assert await together(raw_redis, store, "s") == -1
+        assert [m.message for m in (await store.read("s")).messages][-2:] == [turn(1), turn(2)]
+
+
+async def test_paths_that_copy_meta_s_expiry_before_the_next_append_lose_it_with_meta(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Paths that copy meta's expiry before the next append lose it with meta.
+
+    After the removal and before any append: a pin, a checkpoint, the search index and a
+    view's anchors copy meta's (old) expiry. The next append PERSISTs every one of them.
+    """
+    async with change_default(settings, tenant, "tenant limits", 600, None) as store:
+        first = (await store.read("s")).messages[1]
+        await store.pin("s", first.entry_id)
+        await store.checkpoint("s")
+        assert await store.search("s", "quick fox")
+        await store.view("s", token_budget=300)
+        before = await expiries(raw_redis, store, "s")
+        assert all(at > 0 for at in before.values()), before
+        await store.append("s", turn(3))
+        at = await expiries(raw_redis, store, "s")
+        assert set(at) == set(before) and all(v == -1 for v in at.values()), at
+
+
+async def test_a_removed_ttl_goes_under_a_rate_quota_as_functions(servers: ServerPool) -> None:
+    """FCALL: under a rate quota (burst 5) the TTL removed goes at the next append.
+
+    The lean form with the limits is refused, the full one PERSISTs every key and takes
+    one token: four messages, one token left.
+    """
+    url = servers.start().url()
+    config = Settings(redis_url=url, script_mode="functions", key_prefix="fn", queue_name="fn:q")
+    async with pods(config, tenant="acme") as [pod], Redis.from_url(url) as raw:
+        await pod._connection.load_functions()
+        await pod.set_limits(
+            TenantLimits(ttl_seconds=600, appends_per_second=0.001, append_burst=5)
+        )
+        await pod.append_many("s", [SYSTEM, turn(0)])
+        await pod.set_limits(TenantLimits(appends_per_second=0.001, append_burst=5))
+        await age(raw, nine(pod, "s"), 590_000)
+        runs = sent(pod)
+        await pod.append("s", turn(1))
+        await pod.append("s", turn(2))
+        assert runs == [LEAN_LIMITED, FULL, LEAN_LIMITED]
+        assert await together(raw, pod, "s") == -1
+        tokens = float(await raw.hget(pod.keys("s").meta, "rl_tokens"))  # type: ignore[misc,arg-type]
+        assert tokens == pytest.approx(1, abs=0.01)
+
+
+async def test_a_batch_with_system_and_pinned_messages_goes_full_and_persists_every_key(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A batch with system and pinned messages goes full and persists every key.
+
+    The first append after the removal is a batch needing the keep hash: one full send,
+    which PERSISTs; the nine keys (the keep copies included) never expire.
+    """
+    async with change_default(settings, tenant, "tenant limits", 600, None) as store:
+        await age(raw_redis, nine(store, "s"), 100_000)
+        runs = sent(store)
+        await store.append_many("s", [SYSTEM, turn(1), turn(2)], pinned=True)
+        assert runs == [FULL]
+        assert await together(raw_redis, store, "s") == -1
+        assert len(await raw_redis.hgetall(store.keys("s").keep)) >= 4  # type: ignore[misc]
+
+
+async def test_a_lost_reply_of_the_persisting_full_form_is_answered_and_keeps_it_persisted(
+    settings: Settings, tenant: str, raw_redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost reply of the persisting full form is answered and keeps it persisted.
+
+    The full form PERSISTs and its reply is lost: the retry (a duplicate) answers, the
+    keys stay persistent, and the next append, finding none expiring, is lean.
+    """
+    async with change_default(settings, tenant, "tenant limits", 600, None) as store:
+        await age(raw_redis, nine(store, "s"), 500_000)
+        runs = sent(store)
+        dropped = drop_reply(store, monkeypatch, SCRIPTS.append, keys=FULL[0])
+        [result] = await store.append_many("s", [turn(1)])
+        assert dropped == [True] and result.duplicate and result.seq == 3
+        assert runs == [LEAN, FULL, FULL]
+        assert await together(raw_redis, store, "s") == -1
+        await store.append("s", turn(2))
+        assert runs[3:] == [LEAN]
+        assert await raw_redis.xlen(store.keys("s").log) == 4
+
+
+async def test_a_stale_expected_seq_writes_nothing_and_the_next_append_still_unbinds(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A stale expected seq writes nothing and the next append still takes the expiry.
+
+    A conflict refuses the full form that would PERSIST: no entry, no PERSIST; the next
+    append, with the right seq, is refused lean again and takes the expiry in full.
+    """
+    async with change_default(settings, tenant, "tenant limits", 600, None) as store:
+        before = await states(raw_redis, store, "s")
+        runs = sent(store)
+        with pytest.raises(ConflictError):
+            await store.append("s", turn(1), expected_seq=0)
+        assert runs == [LEAN, FULL]
+        assert await states(raw_redis, store, "s") == before
+        assert await meta_left(raw_redis, store, "s") > 0
+        await store.append("s", turn(1), expected_seq=2)
+        assert runs[2:] == [LEAN, FULL]
+        assert await together(raw_redis, store, "s") == -1
+
+
+async def test_a_rate_refusal_writes_nothing_and_a_later_append_still_takes_the_expiry(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A rate refusal writes nothing and a later append still takes the expiry.
+
+    TTL removed with the bucket empty: the append (lean, then full) is refused, the keys
+    still expire, the bucket is as it was. Refilled (its clock moved back), the next
+    PERSISTs.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
+        await pod.set_limits(
+            TenantLimits(ttl_seconds=600, appends_per_second=0.001, append_burst=2)
+        )
+        await pod.append("s", turn(0))
+        await pod.append("s", turn(1))  # the bucket is empty
+        await pod.set_limits(TenantLimits(appends_per_second=0.001, append_burst=2))
+        meta = pod.keys("s").meta
+        before = await states(raw_redis, pod, "s")
+        runs = sent(pod)
+        with pytest.raises(QuotaExceededError) as refused:
+            await pod.append("s", turn(2))
+        assert refused.value.quota == "appends_per_second"
+        assert runs == [LEAN_LIMITED, FULL]
+        assert await states(raw_redis, pod, "s") == before
+        at = int(await raw_redis.hget(meta, "rl_at"))  # type: ignore[misc,arg-type]
+        await raw_redis.hset(meta, "rl_at", at - 2_000_000)  # type: ignore[misc,arg-type]
+        await pod.append("s", turn(2))
+        assert runs[2:] == [LEAN_LIMITED, FULL]
+        assert await together(raw_redis, pod, "s") == -1
+        assert float(await raw_redis.hget(meta, "rl_tokens")) == pytest.approx(1, abs=0.01)  # type: ignore[misc,arg-type]
+
+
+async def test_fork_segments_never_expire_once_the_fork_and_its_source_are_unbound(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Fork segments never expire once the fork and its source are unbound.
+
+    A fork made under tenant TTL 100 s; the TTL removed. The fork's next append
+    PERSISTs its keys and its segments; the source's does the same for its own.
+    """
+    async with ContextStore.from_settings(fork_settings(settings, None), tenant=tenant) as store:
+        await store.set_limits(TenantLimits(ttl_seconds=100))
+        await store.append_many("s", [turn(i) for i in range(100)])
+        await store.fork("s", "f")
+        await store.append("f", turn(100))
+        segments = await segment_keys(store, "f")
+        assert segments and all([await raw_redis.pttl(k) > 0 for k in segments])
+        await store.set_limits(TenantLimits(ttl_seconds=None))
+        await store.append("f", turn(101))
+        assert await never_expires(raw_redis, store, "f") == segments
+        await store.append("s", turn(100))
+        await never_expires(raw_redis, store, "s")
+
+
+async def test_another_pod_fresh_to_a_fork_unbinds_it_and_its_segments(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Another pod fresh to a fork unbinds it and its segments.
+
+    As above, but the first append after the removal comes from a pod that never saw
+    the fork (its memos empty).
+    """
+    config = fork_settings(settings, None)
+    async with pods(config, config, tenant=tenant) as (a, b):
+        await a.set_limits(TenantLimits(ttl_seconds=100))
+        await a.append_many("s", [turn(i) for i in range(100)])
+        await a.fork("s", "f")
+        await a.set_limits(TenantLimits(ttl_seconds=None))
+        b._quotas.forget()
+        await b.append("f", turn(100))
+        assert await never_expires(raw_redis, b, "f")
+
+
+async def test_a_session_deleted_after_the_removal_comes_back_without_any_expiry(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Written under the TTL, the TTL removed, deleted, written again: nothing expires."""
+    async with change_default(settings, tenant, "tenant limits", 600, None) as store:
+        assert await store.delete("s")
+        again = await store.append("s", turn(5))
+        assert again.epoch == 1
+        await store.append("s", SYSTEM)
+        assert await together(raw_redis, store, "s") == -1
+
+
+# -- a TTL in force is never taken away ------------------------------------------------------
+
+
+async def test_an_own_ttl_set_on_another_pod_survives_the_other_pods_appends(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """An own ttl set on another pod survives the other pod's appends.
+
+    Pod A (no default TTL) wrote the session; pod B gives it an own TTL of 600 s. A's
+    appends find the TTL in meta: none PERSISTs, every key expires within its promise.
+    """
+    async with pods(settings, settings, tenant=tenant) as (a, b):
+        await a.append("s", turn(0))
+        await a.checkpoint("s")
+        await b.set_ttl("s", 600)
+        for i in range(1, 4):
+            await a.append("s", turn(i))
+        left = await meta_left(raw_redis, a, "s")
+        assert 590_000 < left <= 660_000, left
+        assert await together(raw_redis, a, "s") > 0
+        async with ContextStore.from_settings(settings, tenant=tenant) as c:  # a fresh pod
+            await c.append("s", turn(4))
+        assert await together(raw_redis, a, "s") > 0
+
+
+@pytest.mark.parametrize("source", ["tenant limits", "pod settings"])
+async def test_a_default_ttl_in_force_is_never_taken_away_by_an_append(
+    settings: Settings, tenant: str, raw_redis: Redis, source: str
+) -> None:
+    """A default ttl in force is never taken away by an append.
+
+    A default TTL in force (the tenant's, or the pod's with no tenant TTL): meta always
+    expires, and no append takes any key's expiry away.
+    """
+    config = with_ttl(settings, 600) if source == "pod settings" else settings
+    async with ContextStore.from_settings(config, tenant=tenant) as pod:
+        if source == "tenant limits":
+            await pod.set_limits(TenantLimits(ttl_seconds=600))
+        else:
+            await pod.set_limits(TenantLimits(ttl_seconds=None))
+        await pod.append_many("s", [SYSTEM, turn(0)])
+        await pod.checkpoint("s")
+        for i in range(1, 4):
+            await pod.append("s", turn(i))
+            assert 590_000 < await meta_left(raw_redis, pod, "s") <= 660_000
+            assert await together(raw_redis, pod, "s") > 0
+
+
+async def test_a_lease_on_a_session_not_yet_written_leaves_nothing_expiring_once_written(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A lease on a session not yet written leaves nothing expiring once written.
+
+    A lease taken on a session not written (here since its delete) gives meta the
+    lease's expiry; the append that creates it (again: its epoch goes on) and a replace
+    under a lease both leave nothing expiring.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
+        await pod.append("s", turn(0))  # an earlier life
+        assert await pod.delete("s")
+        lease = await pod.lease("s", ttl_s=30)
+        assert 0 < await meta_left(raw_redis, pod, "s") <= 30_000
+        assert (await pod.append("s", turn(1))).epoch == 1
+        assert await together(raw_redis, pod, "s") == -1
+        await lease.release()
+        lease = await pod.lease("r", ttl_s=30)
+        assert await meta_left(raw_redis, pod, "r") > 0
+        await pod.replace("r", [turn(0)], lease=lease)
+        assert await together(raw_redis, pod, "r") == -1
+        await pod.append("r", turn(1))
+        assert await together(raw_redis, pod, "r") == -1
+
+
+async def test_a_lease_on_a_session_not_yet_written_under_a_ttl_gives_way_to_the_ttl(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A lease on a session not yet written under a ttl gives way to the ttl.
+
+    The same under the tenant's TTL: the session expires within the TTL's promise, not
+    at the lease's expiry, nor never.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
+        await pod.set_limits(TenantLimits(ttl_seconds=600))
+        lease = await pod.lease("s", ttl_s=30)
+        assert 0 < await meta_left(raw_redis, pod, "s") <= 30_000
+        since = await now_ms(raw_redis)
+        await pod.append("s", turn(0))
+        meta = await together(raw_redis, pod, "s")
+        assert since + 600_000 <= meta <= since + 60_000 + 660_000
+        await lease.release()
+
+
+# -- no memo: every append checks -------------------------------------------------------------
+
+
+async def test_every_append_without_a_ttl_takes_away_an_expiry_given_since_the_last(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Every append with no TTL in force reads meta's PTTL: no memo skips one.
+
+    Before each of three appends, meta is given an expiry behind the pod's back (as
+    another write path or pod may): each is refused lean and PERSISTs the nine keys in
+    full, right after the last did. An append with nothing given between stays lean.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
+        await pod.append("s", turn(0))
+        runs = sent(pod)
+        for i in range(1, 4):
+            await raw_redis.pexpire(pod.keys("s").meta, SHORT * 1000)
+            await pod.append("s", turn(i))
+            assert runs[2 * i - 2 :] == [LEAN, FULL], i
+            assert await together(raw_redis, pod, "s") == -1
+        await pod.append("s", turn(4))
+        assert runs[6:] == [LEAN]
+
+
+async def _through(path: str, pod: ContextStore) -> None:
+    """A write of ``path`` to ``s`` under the tenant's TTL, with no append of this pod."""
+    if path == "replace":
+        await pod.replace("s", [turn(5)])
+    elif path == "clear":
+        await pod.clear("s")
+    elif path == "rewind":
+        first = (await pod.read("s")).messages[0]
+        await pod.rewind("s", first.entry_id)
+    elif path == "fork into a deleted id":
+        assert await pod.delete("s")
+        await pod.fork("src", "s")
+    else:  # import into a deleted id
+        lines = [line async for line in pod.export_session("src")]
+        assert await pod.delete("s")
+        await pod.import_sessions(lines, session="s")
+
+
+PATHS = ["replace", "clear", "rewind", "fork into a deleted id", "import into a deleted id"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_ttl_given_by_another_write_path_of_the_same_pod_goes_at_its_next_append(
+    settings: Settings, tenant: str, raw_redis: Redis, path: str
+) -> None:
+    """A ttl given by another write path of the same pod goes at its next append.
+
+    One pod, no pod default. It appends to ``s`` (no TTL), the tenant's TTL is set to
+    30 s, the same pod writes ``s`` by another path (its keys now expire in 30 s), the TTL
+    is removed, and the pod appends: as the README's "takes effect at a session's next
+    append" says, no key expires then, though no append of the pod saw the TTL.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
+        await pod.append_many("s", [turn(0), turn(1)])
+        await pod.append("src", turn(0))
+        await pod.set_limits(TenantLimits(ttl_seconds=SHORT))
+        await _through(path, pod)
+        assert 0 < await meta_left(raw_redis, pod, "s") <= SHORT * 1000
+        await pod.set_limits(TenantLimits(ttl_seconds=None))
+        await pod.append("s", turn(9))
+        assert await together(raw_redis, pod, "s") == -1
+
+
+async def test_a_ttl_toggled_on_and_off_by_another_pod_goes_at_the_next_append(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A ttl toggled on and off by another pod goes at the next append.
+
+    A appends to ``s`` (no TTL); B sets the tenant's TTL to 30 s, appends (every key
+    expires in 30 s) and removes it. A, reading the limits now in force (none), appends:
+    nothing expires any more, though A's last append saw no TTL either.
+    """
+    async with pods(settings, settings, tenant=tenant) as (a, b):
+        await a.append("s", turn(0))
+        await b.set_limits(TenantLimits(ttl_seconds=SHORT))
+        await b.append("s", turn(1))
+        assert 0 < await meta_left(raw_redis, a, "s") <= (SHORT + 3) * 1000
+        await b.set_limits(TenantLimits(ttl_seconds=None))
+        a._quotas.forget()  # A agrees with B: no TTL
+        assert (await a._quotas.resolved("s")).ttl_ms == 0
+        await a.append("s", turn(2))
+        assert await together(raw_redis, a, "s") == -1
+
+
+async def test_a_check_that_unbinds_a_session_unbinds_the_segments_its_history_starts_in(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """The keys and the segments their chain names lose their expiry together.
+
+    A (no TTL) writes ``s`` and forks it (a segment, never expiring); its next append
+    stretches that chain (its keep-alive memo: "no TTL", for a minute). B sets the
+    tenant's TTL to 30 s, appends to ``s`` and forks it again: a second segment, frozen
+    with the log's 33 s. B removes the TTL. A's append, within its keep-alive minute,
+    PERSISTs the keys, replies -1 as their time left, and so persists the segments at
+    once too: ``s`` never expires, nor does any of its history.
+    """
+    config = fork_settings(settings, None)
+    async with pods(config, config, tenant=tenant) as (a, b):
+        await a.append_many("s", [turn(i) for i in range(100)])
+        await a.fork("s", "f")
+        await a.append_many("s", [turn(i) for i in range(100, 200)])  # keep-alive: no TTL
+        await b.set_limits(TenantLimits(ttl_seconds=SHORT))
+        await b.append("s", turn(200))
+        await b.fork("s", "g")
+        segments = await segment_keys(a, "s")
+        assert any([await raw_redis.pttl(k) > 0 for k in segments])  # the second segment
+        await b.set_limits(TenantLimits(ttl_seconds=None))
+        a._quotas.forget()
+        await a.append("s", turn(201))
+        assert await never_expires(raw_redis, a, "s") == segments
+
+
+# -- the rate bucket -------------------------------------------------------------------------
+
+
+async def full_append(pod: ContextStore, session: str, message: dict[str, Any]) -> Any:
+    force_full(pod, session)
+    return await pod.append(session, message)
+
+
+def rated(settings: Settings, burst: int, rate: float = 0.001) -> Settings:
+    return settings.model_copy(update={"appends_per_second": rate, "append_burst": burst})
+
+
+async def bucket(raw: Redis, pod: ContextStore, session: str) -> tuple[float, int]:
+    tokens, at = await raw.hmget(pod.keys(session).meta, ["rl_tokens", "rl_at"])  # type: ignore[misc]
+    return float(tokens), int(at)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+async def test_each_message_and_each_other_write_takes_one_token_whichever_script_or_form(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """Each message, and each other write, takes one token, whichever script or form.
+
+    Burst 7: creation (full), lean, full, a batch of 2 (lean), a pin and a checkpoint
+    take the 7 tokens, each script its own. Then an append (lean or full) and a pop are
+    refused, leaving the session's keys as they were (the bucket's two fields included).
+    """
+    async with ContextStore.from_settings(rated(settings, 7), tenant=tenant) as pod:
+        runs = sent(pod)
+        first = await pod.append("s", turn(0))  # 6 left
+        runs.clear()  # (on a cluster, the node's first may be EVALSHA then EVAL)
+        await pod.append("s", turn(1))  # 5
+        force_full(pod, "s")
+        await pod.append("s", turn(2))  # 4
+        await pod.append_many("s", [turn(3), turn(4)])  # 2
+        assert runs == [LEAN_LIMITED, FULL, LEAN_LIMITED], runs
+        assert (await bucket(raw_redis, pod, "s"))[0] == pytest.approx(2, abs=0.01)
+        assert await pod.pin("s", first.entry_id)  # 1
+        await pod.checkpoint("s")  # 0
+        tokens, _ = await bucket(raw_redis, pod, "s")
+        assert tokens == pytest.approx(0, abs=0.01)
+        before = await states(raw_redis, pod, "s")
+        attempts: dict[str, Callable[[], Awaitable[Any]]] = {
+            "lean": lambda: pod.append("s", turn(9)),
+            "full": lambda: full_append(pod, "s", turn(9)),
+            "pop": lambda: pod.pop("s"),
+        }
+        for attempt, write in attempts.items():
+            with pytest.raises(QuotaExceededError) as refused:
+                await write()
+            assert refused.value.quota == "appends_per_second"
+            assert await states(raw_redis, pod, "s") == before, attempt
+        assert (await pod.info("s")).count == 5
+
+
+@pytest.mark.parametrize("form", ["lean", "full"])
+@pytest.mark.parametrize(
+    ("stored", "allowed"),
+    [
+        ("0.999", False),
+        ("9.99e-1", False),
+        ("1", True),
+        ("1e0", True),
+        ("1.0000000000000002", True),
+    ],
+)
+async def test_the_bucket_boundary_is_exact_for_edited_values(
+    settings: Settings, tenant: str, raw_redis: Redis, form: str, stored: str, allowed: bool
+) -> None:
+    """The bucket boundary is exact for edited values.
+
+    rl_tokens as another writer may have left it (fraction, exponent), rl_at now, a
+    rate of 1e-6/s: an append needs a whole token. Refused: nothing written, the value
+    short ~1 - stored. Allowed: the bucket left at stored - 1 and its clock moved on.
+    """
+    async with ContextStore.from_settings(rated(settings, 5, 1e-6), tenant=tenant) as pod:
+        await pod.append("s", turn(0))
+        meta = pod.keys("s").meta
+        at = await now_ms(raw_redis)
+        await raw_redis.hset(meta, mapping={"rl_tokens": stored, "rl_at": at})  # type: ignore[misc]
+        before = await states(raw_redis, pod, "s")
+        if form == "full":
+            force_full(pod, "s")
+        if not allowed:
+            with pytest.raises(QuotaExceededError) as refused:
+                await pod.append("s", turn(1))
+            assert refused.value.value == pytest.approx(1 - float(stored), abs=1e-4)
+            assert await states(raw_redis, pod, "s") == before
+            return
+        await pod.append("s", turn(1))
+        tokens, new_at = await bucket(raw_redis, pod, "s")
+        assert tokens == pytest.approx(float(stored) - 1, abs=1e-4) and tokens >= 0
+        assert new_at >= at
+
+
+async def test_a_fractional_rate_keeps_a_fraction_that_later_writes_read_back(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A fractional rate keeps a fraction that later writes read back.
+
+    Rate 2.5/s, burst 2: with the bucket's clock moved back 300 ms after each take, each
+    append refills 0.75 and takes 1: 2 -> 1 -> 0.75 -> 0.5 -> 0.25 -> 0 -> refused. The
+    fraction is stored as a float Redis and Python read alike.
+    """
+    async with ContextStore.from_settings(rated(settings, 2, 2.5), tenant=tenant) as pod:
+        await pod.append("s", turn(0))
+        meta = pod.keys("s").meta
+        expected = 1.0
+        for i in range(1, 5):
+            tokens, at = await bucket(raw_redis, pod, "s")
+            assert tokens == pytest.approx(expected, abs=0.05), i
+            await raw_redis.hset(meta, "rl_at", at - 300)  # type: ignore[misc,arg-type]
+            if i % 2:
+                force_full(pod, "s")
+            await pod.append("s", turn(i))
+            expected = min(2.0, expected + 0.75) - 1
+        tokens, at = await bucket(raw_redis, pod, "s")
+        assert tokens == pytest.approx(0, abs=0.05)
+        raw = await raw_redis.hget(meta, "rl_tokens")  # type: ignore[misc]
+        assert float(raw) == tokens  # type: ignore[arg-type]
+
+
+def _shown(commit: str, name: str) -> bytes:
+    """ctxstore/scripts/``name`` at ``commit`` (the test skips where the checkout lacks it)."""
+    try:
+        return subprocess.check_output(
+            ["git", "show", f"{commit}:ctxstore/scripts/{name}"], cwd=ROOT, stderr=subprocess.PIPE
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"the older script is not in this checkout: {exc}")
+
+
+def _script_at(commit: str) -> tuple[str, bytes]:
+    """append.lua at ``commit`` behind what it uses of that commit's _lib.lua.
+
+    Not test_idem_bare_attack's ``old_append``: its commit (1071543) predates the lean
+    form carrying the limits (5c5d657), which a pod under a rate quota sends.
+    """
+    body = _shown(commit, "append.lua")
+    source = _used(_shown(commit, "_lib.lua"), body) + body
+    return hashlib.sha1(source).hexdigest(), source
+
+
+def older_every_other(pod: ContextStore, commit: str) -> list[bool]:
+    """Send every other append of ``pod`` to the append script of ``commit``; which went."""
+    sha, source = _script_at(commit)
+    assert b"rate_taken" not in source and b"take_rate" in source
+    names = {SCRIPTS.append.sha, SCRIPTS.append.source}
+    real = pod._connection.node_call
+    older: list[bool] = []
+    turn_old = [False]
+
+    async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+        first = commands[0]
+        if first[0] in ("EVALSHA", "EVAL") and first[1] in names:
+            if first[0] == "EVALSHA":  # a new call (EVAL follows its NOSCRIPT)
+                turn_old[0] = not turn_old[0]
+            if turn_old[0]:
+                name = sha if first[0] == "EVALSHA" else source
+                commands = [(first[0], name, *first[2:]), *commands[1:]]
+            older.append(turn_old[0])
+        return await real(key, commands, **kwargs)
+
+    pod._connection.node_call = node_call  # type: ignore[method-assign]
+    return older
+
+
+async def test_an_older_pods_append_shares_the_bucket_exactly(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """An older pod's append shares the bucket exactly.
+
+    Appends alternate between ddbcc24's script (take_rate's own HMGET/HSET) and this
+    one: burst 6, six appends, six tokens; the seventh is refused by either.
+    """
+    async with ContextStore.from_settings(rated(settings, 6), tenant=tenant) as pod:
+        await pod.append("s", turn(0))  # created by this script
+        older = older_every_other(pod, "ddbcc24")
+        for i in range(1, 6):
+            if i % 3 == 0:
+                force_full(pod, "s")
+            await pod.append("s", turn(i))
+        assert True in older and False in older
+        assert (await bucket(raw_redis, pod, "s"))[0] == pytest.approx(0, abs=0.01)
+        before = await states(raw_redis, pod, "s")
+        for _ in range(2):
+            with pytest.raises(QuotaExceededError):
+                await pod.append("s", turn(9))
+        assert await states(raw_redis, pod, "s") == before
+        assert (await pod.info("s")).count == 6
+
+
+async def test_a_bucket_emptied_before_a_delete_stays_empty_after_it(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A bucket emptied before a delete stays empty after it.
+
+    Burst 3, rate 1e-6/s: three appends (lean and full), a delete, and the new life's
+    first append is refused (the tombstone carried the empty bucket), nothing written.
+    """
+    async with ContextStore.from_settings(rated(settings, 3, 1e-6), tenant=tenant) as pod:
+        await pod.append("s", turn(0))
+        await pod.append("s", turn(1))
+        force_full(pod, "s")
+        await pod.append("s", turn(2))
+        assert await pod.delete("s")
+        tomb = (await raw_redis.get(pod.keys("s").gone)).split()  # type: ignore[union-attr]
+        assert len(tomb) == 4 and float(tomb[2]) == pytest.approx(0, abs=1e-3)
+        with pytest.raises(QuotaExceededError):
+            await pod.append("s", turn(3))
+        assert not await raw_redis.exists(pod.keys("s").meta)
+        assert await raw_redis.exists(pod.keys("s").gone)
+
+
+async def test_a_delete_does_not_round_the_bucket_up(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A delete does not round the bucket up.
+
+    0.9996 tokens (rate 1e-6/s): an append is refused; deleted, the new life's first
+    append is refused too ("a delete does not refill it"): the tombstone keeps the
+    bucket rounded down to 0.999, not '%.3f''s 1.000.
+    """
+    async with ContextStore.from_settings(rated(settings, 3, 1e-6), tenant=tenant) as pod:
+        await pod.append("s", turn(0))
+        meta = pod.keys("s").meta
+        at = await now_ms(raw_redis)
+        await raw_redis.hset(meta, mapping={"rl_tokens": "0.9996", "rl_at": at})  # type: ignore[misc]
+        with pytest.raises(QuotaExceededError):
+            await pod.append("s", turn(1))
+        assert await pod.delete("s")
+        tomb = (await raw_redis.get(pod.keys("s").gone)).split()  # type: ignore[union-attr]
+        assert tomb[2] == b"0.999", tomb
+        with pytest.raises(QuotaExceededError):
+            await pod.append("s", turn(1))
+
+
+async def test_a_duplicate_retry_over_an_empty_bucket_takes_the_removed_ttl_away(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """A duplicate retry over an empty bucket takes the removed ttl away.
+
+    TTL removed, bucket empty: a retry of the last call (its idempotency key) is no
+    write, so it is answered (no quota refusal), takes no token and PERSISTs the keys.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
+        await pod.set_limits(
+            TenantLimits(ttl_seconds=600, appends_per_second=0.001, append_burst=2)
+        )
+        await pod.append("s", turn(0))
+        await pod.append("s", turn(1), idempotency_key="k")
+        await pod.set_limits(TenantLimits(appends_per_second=0.001, append_burst=2))
+        before = await bucket(raw_redis, pod, "s")
+        again = await pod.append("s", turn(1), idempotency_key="k")
+        assert again.duplicate and again.seq == 2
+        assert await bucket(raw_redis, pod, "s") == before
+        assert await together(raw_redis, pod, "s") == -1
