@@ -438,7 +438,9 @@ class Lineage:
             session: The session that was written.
             chain: Its chain, as stored.
             ttl: Its TTL in ms (``0`` or ``""``: none; its segments never expire then).
-            now: Stretch them whatever this process did last (a TTL was just set).
+            now: The session's TTL was just set, raised or removed: stretch them
+                whatever this process did last, and the segments its branches read
+                too (one more round trip), which a rewind gave the TTL then in force.
         """
         ttl_ms = int(text(ttl) or 0)
         every = min(KEEP_ALIVE_MS, ttl_ms // 10) if ttl_ms else KEEP_ALIVE_MS
@@ -447,8 +449,19 @@ class Lineage:
         if not now and last is not None and last[1] == ttl_ms and clock - last[0] < every / 1000:
             return
         self._stretched.put(session, (clock, ttl_ms))
-        segments = Chain.parse(chain).segments
-        await self.hold(segments, "", ttl_ms=ttl_ms + 2 * every if ttl_ms else None)
+        until = ttl_ms + 2 * every if ttl_ms else None
+        segments = [(s.owner, s.segment) for s in Chain.parse(chain).segments]
+        await self.hold(segments, "", ttl_ms=until)
+        if now:
+            branches = self._scope.keys(session).branches
+            (records,) = await self._scope.connection.batch(
+                [("HVALS", branches)], session=session, key=branches
+            )
+            # One at a time: a branch's segment may be gone (it lasted the TTL of its
+            # rewind), and a hold refuses all of an owner's segments for one missing.
+            for segment in segments_of("", records):
+                if segment not in segments:
+                    await self.hold([segment], "", ttl_ms=until)
 
     async def register(self, segments: Iterable[tuple[str, str]]) -> None:
         """List new segments in the tenant's registry (``forget_tenant`` walks it)."""

@@ -260,9 +260,10 @@ class Writer:
         else:
             self._lean_until.discard(session)
         self._note_own(session, entries, results)
-        if reply[3]:  # its history starts in segments: they must outlive it
-            # At once when the script took a removed TTL's expiry away (-1: see append.lua).
-            unbound = reply[5] == -1
+        # At once when the script took a removed TTL's expiry away (-1: see append.lua):
+        # its branches' segments too, which a session with an empty chain may have.
+        unbound = reply[5] == -1
+        if reply[3] or unbound:  # its history starts in segments: they must outlive it
             await self._lineage.keep_alive(session, reply[3], reply[4], now=unbound)
         if due:
             await self._handoff.due(self._scope.tenant, session, due)
@@ -534,8 +535,7 @@ class Writer:
             raise SessionNotFoundError(
                 "no such session", tenant=self._scope.tenant, session=session
             )
-        if chain[0]:
-            await self._lineage.keep_alive(session, chain[0], ttl_ms, now=True)
+        await self._lineage.keep_alive(session, chain[0], ttl_ms, now=True)
 
     async def delete(self, session: str) -> bool:
         """Delete a session, leaving a tombstone; True if it existed.

@@ -58,6 +58,7 @@ from ctxstore import (
     TenantLimits,
 )
 from ctxstore._scripts import SCRIPTS, _used
+from ctxstore.lineage import segments_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -501,6 +502,76 @@ async def test_a_check_that_unbinds_a_session_unbinds_the_segments_its_history_s
         a._quotas.forget()
         await a.append("s", turn(201))
         assert await never_expires(raw_redis, a, "s") == segments
+
+
+async def branch_segment_expiries(raw: Redis, store: ContextStore, session: str) -> list[int]:
+    """PTTL of each key of the segments ``session``'s branches read (none in its chain)."""
+    (records,) = await store._connection.transaction(
+        [("HVALS", store.keys(session).branches)], key=store.keys(session).branches
+    )
+    chain = set(await segment_keys(store, session))
+    found = []
+    for owner, segment in segments_of("", records):
+        keys = store._lineage.keys(owner, segment)
+        found += [await raw.pttl(k) for k in (keys.log, keys.info) if k not in chain]
+    return found
+
+
+@pytest.mark.parametrize("how", ["tenant TTL removed", "set_ttl(None)"])
+async def test_a_branch_made_under_a_ttl_outlives_its_removal(
+    settings: Settings, tenant: str, raw_redis: Redis, how: str
+) -> None:
+    """A rewind under a TTL gives its branch's segment that TTL; removed, the branch stays.
+
+    The review found the keep-alive walked the chain alone: the session's keys lost
+    their expiry, its branch's segment kept the rewind's, and the branch went
+    unreadable (``CorruptEntryError``) while the session lived on. A session that
+    never forked has an empty chain, so the writer's keep-alive must run on the -1
+    reply all the same.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
+        await pod.set_limits(TenantLimits(ttl_seconds=600))
+        ids = [(await pod.append("s", turn(i))).entry_id for i in range(6)]
+        await pod.rewind("s", ids[2])
+        (branch,) = await pod.branches("s")
+        left = await branch_segment_expiries(raw_redis, pod, "s")
+        assert left and all(v > 0 for v in left), left
+        if how == "set_ttl(None)":
+            await pod.set_ttl("s", None)
+        else:
+            await pod.set_limits(TenantLimits(ttl_seconds=None))
+            await pod.append("s", turn(9))
+        assert await together(raw_redis, pod, "s") == -1
+        assert await branch_segment_expiries(raw_redis, pod, "s") == [-1] * len(left)
+        page = await pod.read_branch("s", branch.branch_id)
+        assert [m.message for m in page.messages] == [turn(i) for i in range(3, 6)]
+
+
+async def test_a_branch_whose_segment_is_gone_keeps_no_other_segment_from_its_hold(
+    settings: Settings, tenant: str, raw_redis: Redis
+) -> None:
+    """One branch's segment expired: the TTL's removal still reaches the others'.
+
+    A hold refuses all of one owner's segments when one is missing, so the keep-alive
+    holds each branch's alone: the gone one stays gone, the other never expires.
+    """
+    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
+        await pod.set_limits(TenantLimits(ttl_seconds=600))
+        ids = [(await pod.append("s", turn(i))).entry_id for i in range(6)]
+        await pod.rewind("s", ids[4])
+        await pod.rewind("s", ids[2])
+        _, second = await pod.branches("s")
+        (records,) = await pod._connection.transaction(
+            [("HVALS", pod.keys("s").branches)], key=pod.keys("s").branches
+        )
+        gone = pod._lineage.keys(*segments_of("", records[:1])[0])
+        await raw_redis.delete(gone.log, gone.info)  # what its expiry does
+        await pod.set_ttl("s", None)
+        assert not await raw_redis.exists(gone.log)
+        left = await branch_segment_expiries(raw_redis, pod, "s")
+        assert sorted(left) == [-2, -2, -1, -1], left  # the gone one's two keys, the other's
+        page = await pod.read_branch("s", second.branch_id)
+        assert page.messages
 
 
 # -- the rate bucket -------------------------------------------------------------------------
