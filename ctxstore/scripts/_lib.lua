@@ -152,9 +152,10 @@ end
 -- Take `n` writes from a session's rate bucket `tokens`, `at` (meta's 'rl_tokens' and
 -- 'rl_at'; nil: full), refilled at `rate` per second up to `burst`, or from `inherited`
 -- ({tokens, at}: a deleted life's, see `creation`) when meta has none. Returns nil and
--- the bucket's new 'rl_tokens' and 'rl_at' (for the caller to write) when allowed, else
--- the refusal.
+-- the bucket's new 'rl_tokens' and 'rl_at' (for the caller to write) when allowed (nil
+-- alone with no limit: nothing to write), else the refusal.
 local function rate_taken(tokens, at, n, rate, burst, inherited)
+  if rate <= 0 or n <= 0 then return nil end  -- no limit: the bucket is not written
   if not tokens and inherited then tokens, at = inherited[1], inherited[2] end  -- a new life
   local now = now_ms('')
   local last = tonumber(at) or now
@@ -200,7 +201,7 @@ end
 -- bytes by default) on purpose: a hash holding such a value is kept in the hashtable
 -- encoding, where reading or writing a field is a hash lookup. In the listpack encoding
 -- of a small hash, each field is found by scanning the pairs before it, and an absent
--- one by scanning all: meta's 14-20 fields, read 9-12 at a time on every append and
+-- one by scanning all: meta's 14-20 fields, read 9-14 at a time on every append and
 -- view (several of them absent), cost a third of a hot view's server instructions and
 -- a tenth of an append's that way. It costs some 800 bytes of memory per session.
 -- Written when a session is created (`created`) and, for a session created before
@@ -211,7 +212,7 @@ local LAYOUT = '1 meta in the hashtable encoding: this value is longer than hash
 
 -- Record that this write created the session in `meta` under reservation `rsv` (which
 -- names this life of the session): the tombstone is spent (its bucket went to
--- `take_rate`), and a meta that held only a lease's fence no longer expires with it.
+-- `rate_taken`), and a meta that held only a lease's fence no longer expires with it.
 local function created(meta, gone, rsv)
   redis.call('DEL', gone)
   redis.call('PERSIST', meta)

@@ -99,7 +99,9 @@ else
 end
 -- Each field read costs some 2,500 instructions: 'idle' is read only when a summary may be due,
 -- the rate bucket only under a rate quota (read and written with the rest of meta: its own
--- HMGET and HSET cost such an append some 20,000 more).
+-- HMGET and HSET cost such an append some 10,000 more). The two lists differ only by the
+-- bucket's fields, 13 and 14: keep them in step (a list built as a table and unpacked
+-- cost every append 2,000-3,000 more).
 local rated = quota_rate ~= '0'
 local meta
 if rated then
@@ -132,8 +134,9 @@ local ttl = tonumber(meta[5]) or tonumber(default_ttl)
 -- With no TTL in force, a session whose meta still expires had one that was removed (a
 -- default its tenant or pod no longer sets, or another write path's): every key's expiry
 -- goes (`unbound`), or the session would expire under its writes at the old time. The
--- PTTL costs every such append some 4,000 instructions (3%); a pod's memo of sessions
--- checked, which saved it, missed the TTLs other write paths and other pods gave between.
+-- PTTL costs every such append some 3,400 instructions (2.3%); a per-pod memo of the
+-- sessions checked would save it, but misses the TTLs other write paths and other pods
+-- give in between.
 local stretch, unbound, span, left = false, false, nil, ''
 if ttl and ttl > 0 then
   span = ttl + math.min(math.floor(ttl / 10), TTL_SLACK_MOST)
@@ -296,7 +299,7 @@ if fresh == 0 then return out end
 -- generation's start, when they change (each field written costs some 3,000 instructions
 -- in a listpack, 1,000 in a hashtable), and then the layout of a session created before
 -- meta had one (its first new generation moves it to the hashtable encoding: `LAYOUT`).
-if rl_at then
+if rl_at then  -- the same fields as below, and the rate bucket: keep them in step
   redis.call('HSET', KEYS[2], 'seq', seq_s, 'count', count_s, 'tokens', tokens_s,
              'bytes', int(bytes), 'idem_n', int(idem_n), 'last_id', last_id,
              'rl_tokens', rl_tokens, 'rl_at', rl_at)
