@@ -405,7 +405,8 @@ class Lineage:
                 (ms) it will have been written by; ``0``: it exists.
 
         Returns:
-            False when one of them is gone (the rest may have been held).
+            False when one of them is gone (the rest may have been held); with no
+            ``holder`` (TTLs only), those gone are skipped and the rest stretched.
         """
         by_owner: dict[str, list[str]] = {}
         for each in segments:
@@ -449,19 +450,16 @@ class Lineage:
         if not now and last is not None and last[1] == ttl_ms and clock - last[0] < every / 1000:
             return
         self._stretched.put(session, (clock, ttl_ms))
-        until = ttl_ms + 2 * every if ttl_ms else None
-        segments = [(s.owner, s.segment) for s in Chain.parse(chain).segments]
-        await self.hold(segments, "", ttl_ms=until)
+        records: list[Any] = []
         if now:
             branches = self._scope.keys(session).branches
             (records,) = await self._scope.connection.batch(
                 [("HVALS", branches)], session=session, key=branches
             )
-            # One at a time: a branch's segment may be gone (it lasted the TTL of its
-            # rewind), and a hold refuses all of an owner's segments for one missing.
-            for segment in segments_of("", records):
-                if segment not in segments:
-                    await self.hold([segment], "", ttl_ms=until)
+        # A branch's segment may be gone (it lasted its rewind's TTL): a hold without a
+        # reader skips it and stretches the rest.
+        until = ttl_ms + 2 * every if ttl_ms else None
+        await self.hold(segments_of(chain, records), "", ttl_ms=until)
 
     async def register(self, segments: Iterable[tuple[str, str]]) -> None:
         """List new segments in the tenant's registry (``forget_tenant`` walks it)."""

@@ -12,18 +12,25 @@
 -- release running meanwhile keeps the segment. A reader recorded as existing is
 -- never downgraded to pending. TTLs only grow, to the longest-lived reader's.
 --
--- Returns {'ok'}, or {'missing', i} when the i-th segment is gone (nothing changed).
+-- Returns {'ok'}, or {'missing', i} when the i-th segment is gone (nothing changed). With
+-- no reader (TTLs only) a gone segment is skipped, the others stretched: nobody is
+-- recorded on it, and a branch's segment may have lasted only its rewind's TTL.
+local reader = ARGV[1]
+local found = {}
 for i = 1, #KEYS, 2 do
-  if redis.call('EXISTS', KEYS[i + 1]) == 0 then return {'missing', (i + 1) / 2} end
+  found[i] = redis.call('EXISTS', KEYS[i + 1]) == 1
+  if not found[i] and reader ~= '' then return {'missing', (i + 1) / 2} end
 end
 for i = 1, #KEYS, 2 do
-  if ARGV[1] ~= '' then
-    local field = 'h:' .. ARGV[1]
-    local held = redis.call('HGET', KEYS[i + 1], field)
-    if held ~= '0' and (ARGV[2] == '0' or not held or tonumber(held) < tonumber(ARGV[2])) then
-      redis.call('HSET', KEYS[i + 1], field, ARGV[2])
+  if found[i] then
+    if reader ~= '' then
+      local field = 'h:' .. reader
+      local held = redis.call('HGET', KEYS[i + 1], field)
+      if held ~= '0' and (ARGV[2] == '0' or not held or tonumber(held) < tonumber(ARGV[2])) then
+        redis.call('HSET', KEYS[i + 1], field, ARGV[2])
+      end
     end
+    outlive(tonumber(ARGV[3]), KEYS[i], KEYS[i + 1])
   end
-  outlive(tonumber(ARGV[3]), KEYS[i], KEYS[i + 1])
 end
 return {'ok'}
