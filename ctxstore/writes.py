@@ -93,6 +93,33 @@ def _refused(reply: Any) -> bool:
     return isinstance(reply, list) and bool(reply) and text(reply[0]) in _REFUSALS
 
 
+def _appended(reply: bytes, count: int) -> list[Any]:
+    """The list an append's ``ok`` reply of ``count`` messages stands for.
+
+    The script answers ``ok`` in one string (see append.lua's Returns): Redis
+    spent some 8,600 instructions sending a table of ten, and the string saves
+    an append some 7,000 (4.5%) with its join. Its words are: ``ok``, the due
+    generation, created (0/1), the TTL and the ms the keys have left (empty
+    for none), then per message its entry id, seq, epoch and duplicate (0/1),
+    and last the chain, which holds spaces. The list is as the script's
+    table was: ``ok``, due, created, chain, TTL, ms left (``b""`` for none),
+    then four per message (a list from an older script passes as it is).
+    """
+    words = reply.split(b" ", 5 + 4 * count)
+    ok, due, created, ttl, left = words[:5]
+    out: list[Any] = [
+        ok,
+        int(due),
+        int(created),
+        words[-1],
+        int(float(ttl)) if ttl else b"",  # as stored: set_ttl's, or the default sent
+        int(left) if left else b"",
+    ]
+    for i in range(5, 5 + 4 * count, 4):
+        out += [words[i], int(words[i + 1]), int(words[i + 2]), int(words[i + 3])]
+    return out
+
+
 RESERVE_ATTEMPTS = 3
 """Reservations a write that creates its session takes before it gives up."""
 
@@ -219,7 +246,7 @@ class Writer:
                     *args,
                 )
 
-            return await connection.script(
+            reply = await connection.script(
                 SCRIPTS.append,
                 declared,
                 argv,
@@ -228,6 +255,7 @@ class Writer:
                 refused=_refused,
                 after=after,
             )
+            return _appended(reply, count) if isinstance(reply, bytes) else reply
 
         until = self._lean_until.get(session)
         lean = lean and (until is None or time.monotonic() < until)

@@ -692,9 +692,11 @@ def leanify(store: ContextStore, sent: list[bytes]) -> None:
             ):
                 lean = (first[0], first[1], LEAN[0], *keys[: LEAN[0]], *argv[:5], *messages)
                 replies = await real(key, [lean, *commands[1:]], **kwargs)
-                if isinstance(replies[0], list):
-                    sent.append(replies[0][0])
-                    if replies[0][0] != b"keys":
+                reply = replies[0]
+                if isinstance(reply, list | bytes):  # applied: one string; refused: a table
+                    word = reply.split(b" ", 1)[0] if isinstance(reply, bytes) else reply[0]
+                    sent.append(word)
+                    if word != b"keys":
                         return replies
         return await real(key, commands, **kwargs)
 

@@ -408,6 +408,41 @@ async def test_a_forks_appends_keep_its_segments_alive(
     assert await raw_redis.pttl(keys.log) > 100_000
 
 
+async def test_an_appends_reply_brings_back_a_chain_of_segments_whole(
+    forker: ContextStore, raw_redis: Redis
+) -> None:
+    """An append's reply carries a chain of two segments whole, and a batch's results.
+
+    The script answers in one string, the chain last (it holds spaces): each segment of a
+    fork of a fork is stretched, and a duplicate and a new message read right.
+    """
+    await forker.set_limits(TenantLimits(ttl_seconds=100))
+    await forker.append_many("s", turns(0, 100))
+    await forker.fork("s", "f")
+    await forker.append_many("f", turns(100, 200))
+    await forker.fork("f", "g")
+    segments = (await chain_of(forker, "g")).segments
+    assert len(segments) == 2
+    keys = [forker._lineage.keys(s.owner, s.segment) for s in segments]
+    for key in keys:
+        await raw_redis.pexpire(key.log, 5_000)  # as if the fork's last write were long ago
+    async with ContextStore.from_settings(forker.settings, tenant=forker.tenant) as pod:
+        (first,) = await pod.append_many("g", [turn(500)], idempotency_keys=["k1"])
+        again, new = await pod.append_many(
+            "g", [turn(500), turn(501)], idempotency_keys=["k1", "k2"]
+        )
+    for key in keys:
+        assert await raw_redis.pttl(key.log) > 100_000
+    assert (again.entry_id, again.seq, again.epoch, again.duplicate) == (
+        first.entry_id,
+        first.seq,
+        first.epoch,
+        True,
+    )
+    assert (new.seq, new.epoch, new.duplicate) == (first.seq + 1, first.epoch, False)
+    assert new.entry_id != first.entry_id
+
+
 async def test_a_replaced_fork_lets_the_shared_history_go(
     forker: ContextStore, raw_redis: Redis
 ) -> None:
