@@ -351,6 +351,7 @@ async def workload(
 
 OTHERS = "hot view, another's message"
 LIMITED = "append, TTL and quotas"
+FUNCTIONS = "append, by FCALL"
 LIMITS: dict[str, Any] = {
     "session_ttl_seconds": 86_400,
     "session_bytes": 10**9,
@@ -365,6 +366,7 @@ OPERATIONS = (
     "append",
     "append, paced",
     LIMITED,
+    FUNCTIONS,
     "cold view",
     "hot view",
     OTHERS,
@@ -380,6 +382,11 @@ follow one new message. The plain client has no index: its row is a plain append
 ``append, TTL and quotas``: a pod whose tenant has a TTL and size and rate quotas
 (:data:`LIMITS`, never reached), on sessions of its own; the plain client's append
 gives its stream the TTL too (``XADD`` and ``PEXPIRE`` in one round trip).
+``append, by FCALL``: a pod with ``script_mode=functions`` (the scripts as a Redis
+Functions library an operator loads once a deploy: ``ctxstore functions load``), on
+sessions of its own, beside the same plain append. ``EVALSHA`` runs a script's whole text
+each call (its shared functions made anew) and finds it by its SHA; ``FCALL`` calls a
+function the library made once.
 ``append, all at once`` and ``hot view, all at once``: the same append, then the
 hot view after it, on all of 20 sessions together (4 under ``--instructions``; sessions
 of their own, so the cold view still reads back what it did),
@@ -528,11 +535,13 @@ async def operations(
     cold_settings = base.model_copy(update={"view_cache_bytes": 0})
     paced_settings = base.model_copy(update={"index_interval": 0.0})
     limited_settings = base.model_copy(update=LIMITS)
+    functions_settings = base.model_copy(update={"script_mode": "functions"})
     raw = Redis.from_url(url)
     history = conversation(length, size, seed=9)
     names = [f"ops{length}-{i}" for i in range(sessions)]
     paced_names = [f"ops{length}-paced-{i}" for i in range(sessions)]
     limited_names = [f"ops{length}-limited-{i}" for i in range(sessions)]
+    functions_names = [f"ops{length}-functions-{i}" for i in range(sessions)]
     once_names = [f"ops{length}-once-{i}" for i in range(sessions)]
     blocks = {(side, op): Block() for side in ("plain", "ctxstore") for op in OPERATIONS}
     idle = Block()  # phases that do nothing: what the INFO probes themselves cost
@@ -541,14 +550,18 @@ async def operations(
         ContextStore.from_settings(cold_settings, tenant="bench") as cold,
         ContextStore.from_settings(paced_settings, tenant="bench") as paced,
         ContextStore.from_settings(limited_settings, tenant="bench") as limited,
+        ContextStore.from_settings(functions_settings, tenant="bench") as functions,
     ):
         plain, ctx, ctx_cold, ctx_paced = Plain(raw, counter), Ctx(hot), Ctx(cold), Ctx(paced)
         plain_ttl = Plain(raw, counter, ttl_ms=LIMITS["session_ttl_seconds"] * 1000)
         ctx_limited = Ctx(limited)
+        await functions._connection.load_functions()  # as `ctxstore functions load` does
+        ctx_functions = Ctx(functions)
         filled: list[tuple[list[str], Plain, Ctx]] = [
             (names, plain, ctx),
             (paced_names, plain, ctx_paced),
             (limited_names, plain_ttl, ctx_limited),
+            (functions_names, plain, ctx_functions),
             (once_names, plain, ctx),
         ]
         for group, plain_side, ctx_side in filled:
@@ -575,12 +588,16 @@ async def operations(
                 ("ctxstore", ctx, ctx_cold, ctx_paced, ctx_limited, floor_append, one_request),
             )
             for label, side, cold_side, paced_side, limited_side, least_append, least_view in sides:
+                functions_side = ctx_functions if side is ctx else plain
                 await phase(raw, names, adding(side), blocks[(label, "append")], meter)
                 await phase(
                     raw, paced_names, adding(paced_side), blocks[(label, "append, paced")], meter
                 )
                 await phase(
                     raw, limited_names, adding(limited_side), blocks[(label, LIMITED)], meter
+                )
+                await phase(
+                    raw, functions_names, adding(functions_side), blocks[(label, FUNCTIONS)], meter
                 )
                 await phase(raw, names, side.view, blocks[(label, "hot view")], meter)
                 await phase(raw, names, cold_side.view, blocks[(label, "cold view")], meter)
