@@ -183,13 +183,20 @@ def parser() -> argparse.ArgumentParser:
         "functions",
         "load the scripts as Redis Functions (for CTXSTORE_SCRIPT_MODE=functions)",
         "Tenants' own ACL users run the scripts by FCALL: load the library once per "
-        "server\n(as an admin), after each upgrade of ctxstore.",
-        ["ctxstore functions load", "ctxstore functions show > ctxstore.lua"],
+        "server\n(as an admin), after each upgrade of ctxstore. Each version's library "
+        "has a name of its\nown; once no pod of an older version is left, prune deletes "
+        "theirs.",
+        [
+            "ctxstore functions load",
+            "ctxstore functions prune",
+            "ctxstore functions show > ctxstore.lua",
+        ],
     )
     functions.add_argument(
         "action",
-        choices=["load", "show"],
-        help="load: FUNCTION LOAD REPLACE on every node; show: print the library",
+        choices=["load", "prune", "show"],
+        help="load: FUNCTION LOAD REPLACE on every node; prune: delete other versions' "
+        "libraries on every node; show: print the library",
     )
     embedded = _command(
         commands,

@@ -57,6 +57,9 @@ log = logging.getLogger("ctxstore")
 
 T = TypeVar("T")
 
+_OUR_LIBRARY = re.compile(r"ctxstore_[0-9a-f]{12}")
+"""A Functions library's name as a version of ctxstore makes it (``_scripts.LIBRARY_NAME``)."""
+
 Commands = Sequence[tuple[Any, ...]]
 """Redis commands, each as its arguments."""
 
@@ -843,21 +846,75 @@ class Connection:
             PermissionDeniedError: This Redis user may not run ``FUNCTION LOAD``.
         """
         load = ("FUNCTION", "LOAD", "REPLACE", library())
+
+        async def on_node(run: Callable[..., Awaitable[Any]]) -> None:
+            await run(*load)
+
+        return list(await self._on_primaries(on_node))
+
+    async def prune_functions(self) -> dict[str, list[str]]:
+        """Delete other versions' libraries from every primary (an operator's call).
+
+        Each version of ctxstore loads a library of its own (``ctxstore_`` and 12
+        hex digits of its scripts' hash), so pods of two versions run side by side
+        in a rolling upgrade; the older ones' stay loaded (some 260 KB each, with
+        the data) until this deletes them. Only once no pod of another version is
+        left: such a pod's next script call fails until its library is loaded
+        again. Libraries named otherwise are not touched.
+
+        Returns:
+            Per node's address, the libraries deleted there.
+
+        Raises:
+            PermissionDeniedError: This Redis user may not run ``FUNCTION``.
+        """
+
+        async def on_node(run: Callable[..., Awaitable[Any]]) -> list[str]:
+            listed = await run("FUNCTION", "LIST", "LIBRARYNAME", "ctxstore_*")
+            deleted = []
+            for entry in listed:
+                if not isinstance(entry, dict):  # RESP2: name, value, ...
+                    entry = dict(zip(entry[::2], entry[1::2], strict=True))
+                raw = entry.get(b"library_name", entry.get("library_name"))
+                name = raw.decode() if isinstance(raw, bytes) else str(raw)
+                if name == LIBRARY_NAME or not _OUR_LIBRARY.fullmatch(name):
+                    continue
+                try:
+                    await run("FUNCTION", "DELETE", name)
+                except rex.ResponseError as exc:  # deleted meanwhile, by another prune
+                    if "library not found" not in str(exc).lower():
+                        raise
+                    continue
+                deleted.append(name)
+            return deleted
+
+        return await self._on_primaries(on_node)
+
+    async def _on_primaries(
+        self, on_node: Callable[[Callable[..., Awaitable[Any]]], Awaitable[T]]
+    ) -> dict[str, T]:
+        """Run ``on_node`` on the store's Redis, or on every primary of its cluster.
+
+        ``on_node`` gets a function that sends a command to its node. Returns its
+        result per node's address (``"the store's Redis"`` on a single server).
+        """
         if not self.cluster:
-            await self.call(lambda: self.client.execute_command(*load))
-            return ["the store's Redis"]
+            single = await self.call(lambda: on_node(self.client.execute_command))
+            return {"the store's Redis": single}
         client = cast(RedisCluster, self.client)
         if client._initialize:
             await self.call(client.initialize)
-        loaded = []
+        results = {}
         for node in client.get_primaries():
 
-            async def on_node(node: Any = node) -> Any:
-                return await client.execute_command(*load, target_nodes=node)
+            async def on_this(node: Any = node) -> T:
+                async def send(*command: Any) -> Any:
+                    return await client.execute_command(*command, target_nodes=node)
 
-            await self.call(on_node)
-            loaded.append(f"{node.host}:{node.port}")
-        return loaded
+                return await on_node(send)
+
+            results[f"{node.host}:{node.port}"] = await self.call(on_this)
+        return results
 
     async def aclose(self) -> None:
         """Close the client's connections."""

@@ -475,6 +475,11 @@ async def _functions(settings: Settings, args: argparse.Namespace) -> int:
         print(library(), end="")
         return 0
     async with _store(settings, None) as store:
+        if args.action == "prune":
+            pruned = await store._connection.prune_functions()
+            for node, names in pruned.items():
+                print(f"deleted on {node}: {', '.join(names) or 'none'} (kept {LIBRARY_NAME})")
+            return 0
         nodes = await store._connection.load_functions()
     print(f"loaded {LIBRARY_NAME} on {', '.join(nodes)}")
     return 0

@@ -786,6 +786,42 @@ async def test_functions_show_prints_the_library(capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().out == library()
 
 
+async def test_functions_prune_deletes_only_other_versions_libraries(
+    servers: ServerPool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`functions prune` deletes an older ctxstore's library, and no other, on every node.
+
+    The pods of this version still run by FCALL after it; libraries named otherwise (a
+    user's own, one only shaped like ours) stay; a second prune finds nothing.
+    """
+    from ctxstore._scripts import LIBRARY_NAME
+
+    server = servers.start()
+    settings = Settings(
+        redis_url=server.url(), script_mode="functions", key_prefix="fn", queue_name="fn:q"
+    )
+    use_settings(monkeypatch, settings, CTXSTORE_SCRIPT_MODE="functions")
+    raw = Redis.from_url(server.url())
+    older, others = "ctxstore_0123456789ab", {"ctxstore_custom", "ctxstore_0123456789abc", "mine"}
+    try:
+        for name in (older, *others):
+            body = f"redis.register_function('{name}_f', function() return 1 end)"
+            await raw.execute_command("FUNCTION", "LOAD", f"#!lua name={name}\n{body}")
+        assert await _run(["functions", "load"]) == 0
+        assert await _run(["functions", "prune"]) == 0
+        out = capsys.readouterr().out
+        assert f"deleted on the store's Redis: {older} (kept {LIBRARY_NAME})" in out
+        listed = await raw.execute_command("FUNCTION", "LIST")
+        names = {dict(zip(e[::2], e[1::2], strict=True))[b"library_name"] for e in listed}
+        assert names == {n.encode() for n in (LIBRARY_NAME, *others)}
+        async with ContextStore.from_settings(settings, tenant="acme") as pod:
+            assert (await pod.append("s", turn(0))).seq == 1  # by FCALL, of the kept library
+        assert await _run(["functions", "prune"]) == 0
+        assert "deleted on the store's Redis: none" in capsys.readouterr().out
+    finally:
+        await raw.aclose()
+
+
 # -- acl --------------------------------------------------------------------------------
 
 
