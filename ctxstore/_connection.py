@@ -848,7 +848,7 @@ class Connection:
         load = ("FUNCTION", "LOAD", "REPLACE", library())
 
         async def on_node(run: Callable[..., Awaitable[Any]]) -> None:
-            await run(*load)
+            await self.call(lambda: run(*load))
 
         return list(await self._on_primaries(on_node))
 
@@ -870,50 +870,62 @@ class Connection:
         """
 
         async def on_node(run: Callable[..., Awaitable[Any]]) -> list[str]:
-            listed = await run("FUNCTION", "LIST", "LIBRARYNAME", "ctxstore_*")
+            listed = await self.call(lambda: run("FUNCTION", "LIST", "LIBRARYNAME", "ctxstore_*"))
             deleted = []
             for entry in listed:
                 if not isinstance(entry, dict):  # RESP2: name, value, ...
                     entry = dict(zip(entry[::2], entry[1::2], strict=True))
                 raw = entry.get(b"library_name", entry.get("library_name"))
                 name = raw.decode() if isinstance(raw, bytes) else str(raw)
-                if name == LIBRARY_NAME or not _OUR_LIBRARY.fullmatch(name):
-                    continue
-                try:
-                    await run("FUNCTION", "DELETE", name)
-                except rex.ResponseError as exc:  # deleted meanwhile, by another prune
-                    if "library not found" not in str(exc).lower():
-                        raise
-                    continue
-                deleted.append(name)
+                ours = name != LIBRARY_NAME and _OUR_LIBRARY.fullmatch(name)
+                if ours and await self._delete_library(run, name):
+                    deleted.append(name)
             return deleted
 
         return await self._on_primaries(on_node)
+
+    async def _delete_library(self, run: Callable[..., Awaitable[Any]], name: str) -> bool:
+        """``FUNCTION DELETE name`` (retried as any command is); False if another deleted it.
+
+        A library gone at the first attempt was deleted by another prune; gone at a
+        retry, by this one's earlier attempt, whose reply was lost.
+        """
+        attempts = 0
+
+        async def delete() -> bool:
+            nonlocal attempts
+            attempts += 1
+            try:
+                await run("FUNCTION", "DELETE", name)
+            except rex.ResponseError as exc:
+                if "library not found" not in str(exc).lower():
+                    raise
+                return attempts > 1
+            return True
+
+        return bool(await self.call(delete))
 
     async def _on_primaries(
         self, on_node: Callable[[Callable[..., Awaitable[Any]]], Awaitable[T]]
     ) -> dict[str, T]:
         """Run ``on_node`` on the store's Redis, or on every primary of its cluster.
 
-        ``on_node`` gets a function that sends a command to its node. Returns its
-        result per node's address (``"the store's Redis"`` on a single server).
+        ``on_node`` gets a function that sends a command to its node, once: it
+        retries (``call``) what it sends. Returns its result per node's address
+        (``"the store's Redis"`` on a single server).
         """
         if not self.cluster:
-            single = await self.call(lambda: on_node(self.client.execute_command))
-            return {"the store's Redis": single}
+            return {"the store's Redis": await on_node(self.client.execute_command)}
         client = cast(RedisCluster, self.client)
         if client._initialize:
             await self.call(client.initialize)
         results = {}
         for node in client.get_primaries():
 
-            async def on_this(node: Any = node) -> T:
-                async def send(*command: Any) -> Any:
-                    return await client.execute_command(*command, target_nodes=node)
+            async def send(*command: Any, node: Any = node) -> Any:
+                return await client.execute_command(*command, target_nodes=node)
 
-                return await on_node(send)
-
-            results[f"{node.host}:{node.port}"] = await self.call(on_this)
+            results[f"{node.host}:{node.port}"] = await on_node(send)
         return results
 
     async def aclose(self) -> None:

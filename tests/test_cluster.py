@@ -235,42 +235,6 @@ async def test_worker_summarizes_sessions_on_a_cluster(
         await queue.aclose()
 
 
-async def test_functions_load_and_prune_on_every_primary(
-    cluster: Cluster, redis_url: str, tenant: str
-) -> None:
-    """The library goes to each primary, and an older version's leaves each; FCALL runs on all."""
-    from redis.asyncio import RedisCluster
-
-    from ctxstore._scripts import LIBRARY_NAME
-
-    settings = Settings(
-        redis_url=cluster.url,
-        redis_cluster=True,
-        key_prefix=f"{RUN_PREFIX}-fn",
-        queue_url=redis_url,
-        queue_name=f"{RUN_PREFIX}-fn:q",
-        script_mode="functions",
-    )
-    older = "ctxstore_fedcba987654"
-    source = f"#!lua name={older}\nredis.register_function('{older}_f', function() return 1 end)"
-    async with ContextStore.from_settings(settings, tenant=tenant) as pod:
-        client = pod._connection.client
-        assert isinstance(client, RedisCluster)
-        await client.execute_command(
-            "FUNCTION", "LOAD", "REPLACE", source, target_nodes=RedisCluster.PRIMARIES
-        )
-        loaded = await pod._connection.load_functions()
-        assert len(loaded) == 3
-        assert await pod._connection.prune_functions() == {node: [older] for node in loaded}
-        for node in client.get_primaries():
-            listed = await client.execute_command("FUNCTION", "LIST", target_nodes=node)
-            names = {dict(zip(e[::2], e[1::2], strict=True))[b"library_name"] for e in listed}
-            assert LIBRARY_NAME.encode() in names and older.encode() not in names
-        for i in range(8):  # spread over the primaries' slots
-            assert (await pod.append(f"fn{i}", {"role": "user", "content": "x"})).seq == 1
-        assert await pod._connection.prune_functions() == {node: [] for node in loaded}
-
-
 async def test_cluster_down_gives_a_typed_error(
     own_cluster: Cluster, redis_url: str, tenant: str
 ) -> None:
