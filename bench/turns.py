@@ -167,7 +167,10 @@ class Instructions:
     ``INFO cpu`` moves by up to 2x between runs on a shared machine, more than
     most changes to a script; callgrind's count of the server's own
     instructions (user space only: no system calls, no network) is exact and
-    repeatable, so a change of a few percent shows. The server runs with
+    repeatable to under 2% over the one-at-a-time table's phases, so a change
+    of a few percent shows there. A per-operation phase (4 sessions) moves by
+    up to 15% between runs: the Lua garbage collector's work lands in
+    whichever phase allocates when it is due. The server runs with
     instrumentation off until :meth:`start` (filling the sessions runs at
     valgrind's plain speed).
     """

@@ -184,8 +184,8 @@ def parser() -> argparse.ArgumentParser:
         "load the scripts as Redis Functions (for CTXSTORE_SCRIPT_MODE=functions)",
         "Tenants' own ACL users run the scripts by FCALL: load the library once per "
         "server\n(as an admin), after each upgrade of ctxstore. Each version's library "
-        "has a name of its\nown; once no pod of an older version is left, prune deletes "
-        "theirs.",
+        "has a name of its\nown; prune deletes every other version's (newer ones too): "
+        "run it from the newest,\nonce no pod of another version is left.",
         [
             "ctxstore functions load",
             "ctxstore functions prune",
@@ -195,8 +195,8 @@ def parser() -> argparse.ArgumentParser:
     functions.add_argument(
         "action",
         choices=["load", "prune", "show"],
-        help="load: FUNCTION LOAD REPLACE on every node; prune: delete other versions' "
-        "libraries on every node; show: print the library",
+        help="load: FUNCTION LOAD REPLACE on every node; prune: delete every other "
+        "version's library on every node; show: print the library",
     )
     embedded = _command(
         commands,

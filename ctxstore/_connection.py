@@ -60,6 +60,21 @@ T = TypeVar("T")
 _OUR_LIBRARY = re.compile(r"ctxstore_[0-9a-f]{12}")
 """A Functions library's name as a version of ctxstore makes it (``_scripts.LIBRARY_NAME``)."""
 
+
+def library_names(listed: Sequence[Any]) -> list[str]:
+    """The library names in a ``FUNCTION LIST`` reply.
+
+    Each library is a flat list of names and values (redis-py 5), or a dict (redis-py 8).
+    """
+    names = []
+    for entry in listed:
+        if not isinstance(entry, dict):
+            entry = dict(zip(entry[::2], entry[1::2], strict=True))
+        raw = entry.get(b"library_name", entry.get("library_name"))
+        names.append(raw.decode() if isinstance(raw, bytes) else str(raw))
+    return names
+
+
 Commands = Sequence[tuple[Any, ...]]
 """Redis commands, each as its arguments."""
 
@@ -847,36 +862,41 @@ class Connection:
         """
         load = ("FUNCTION", "LOAD", "REPLACE", library())
 
-        async def on_node(run: Callable[..., Awaitable[Any]]) -> None:
+        async def on_node(run: Callable[..., Awaitable[Any]], _: str) -> None:
             await self.call(lambda: run(*load))
 
         return list(await self._on_primaries(on_node))
 
     async def prune_functions(self) -> dict[str, list[str]]:
-        """Delete other versions' libraries from every primary (an operator's call).
+        """Delete every other version's library from every primary (an operator's call).
 
         Each version of ctxstore loads a library of its own (``ctxstore_`` and 12
         hex digits of its scripts' hash), so pods of two versions run side by side
-        in a rolling upgrade; the older ones' stay loaded (some 260 KB each, with
-        the data) until this deletes them. Only once no pod of another version is
-        left: such a pod's next script call fails until its library is loaded
-        again. Libraries named otherwise are not touched.
+        in a rolling upgrade; the others' stay loaded (265 KB of Redis's memory
+        for this version's, replicated and persisted with the data) until this
+        deletes them. Newer versions' too: run it from the newest version, once
+        no pod of another is left (such a pod's next script call fails until its
+        library is loaded again). Libraries named otherwise are not touched.
 
         Returns:
             Per node's address, the libraries deleted there.
 
         Raises:
+            ConfigurationError: This version's library is not loaded on a node
+                (nothing was deleted there): ``load_functions`` first.
             PermissionDeniedError: This Redis user may not run ``FUNCTION``.
         """
 
-        async def on_node(run: Callable[..., Awaitable[Any]]) -> list[str]:
+        async def on_node(run: Callable[..., Awaitable[Any]], where: str) -> list[str]:
             listed = await self.call(lambda: run("FUNCTION", "LIST", "LIBRARYNAME", "ctxstore_*"))
+            names = library_names(listed)
+            if LIBRARY_NAME not in names:
+                raise ConfigurationError(
+                    f"{LIBRARY_NAME}, this version's library, is not loaded on {where}: "
+                    "nothing was pruned there (`ctxstore functions load` first)"
+                )
             deleted = []
-            for entry in listed:
-                if not isinstance(entry, dict):  # RESP2: name, value, ...
-                    entry = dict(zip(entry[::2], entry[1::2], strict=True))
-                raw = entry.get(b"library_name", entry.get("library_name"))
-                name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            for name in names:
                 ours = name != LIBRARY_NAME and _OUR_LIBRARY.fullmatch(name)
                 if ours and await self._delete_library(run, name):
                     deleted.append(name)
@@ -888,7 +908,8 @@ class Connection:
         """``FUNCTION DELETE name`` (retried as any command is); False if another deleted it.
 
         A library gone at the first attempt was deleted by another prune; gone at a
-        retry, by this one's earlier attempt, whose reply was lost.
+        retry, it is counted as this one's (its earlier attempt's reply was lost, or
+        it never arrived and another prune deleted it meanwhile: both then report it).
         """
         attempts = 0
 
@@ -906,16 +927,17 @@ class Connection:
         return bool(await self.call(delete))
 
     async def _on_primaries(
-        self, on_node: Callable[[Callable[..., Awaitable[Any]]], Awaitable[T]]
+        self, on_node: Callable[[Callable[..., Awaitable[Any]], str], Awaitable[T]]
     ) -> dict[str, T]:
         """Run ``on_node`` on the store's Redis, or on every primary of its cluster.
 
-        ``on_node`` gets a function that sends a command to its node, once: it
-        retries (``call``) what it sends. Returns its result per node's address
-        (``"the store's Redis"`` on a single server).
+        ``on_node`` gets a function that sends a command to its node, once (it
+        retries, by ``call``, what it sends), and the node's address. Returns its
+        result per address (``"the store's Redis"`` on a single server).
         """
         if not self.cluster:
-            return {"the store's Redis": await on_node(self.client.execute_command)}
+            where = "the store's Redis"
+            return {where: await on_node(self.client.execute_command, where)}
         client = cast(RedisCluster, self.client)
         if client._initialize:
             await self.call(client.initialize)
@@ -925,7 +947,8 @@ class Connection:
             async def send(*command: Any, node: Any = node) -> Any:
                 return await client.execute_command(*command, target_nodes=node)
 
-            results[f"{node.host}:{node.port}"] = await on_node(send)
+            where = f"{node.host}:{node.port}"
+            results[where] = await on_node(send, where)
         return results
 
     async def aclose(self) -> None:

@@ -93,6 +93,10 @@ def _refused(reply: Any) -> bool:
     return isinstance(reply, list) and bool(reply) and text(reply[0]) in _REFUSALS
 
 
+_HEAD_WORDS, _MESSAGE_WORDS = 5, 4
+"""An applied append's reply: its words before the first message's, and per message."""
+
+
 def _appended(reply: bytes, count: int) -> list[Any]:
     """The list an append's ``ok`` reply of ``count`` messages stands for.
 
@@ -103,10 +107,10 @@ def _appended(reply: bytes, count: int) -> list[Any]:
     for none), then per message its entry id, seq, epoch and duplicate (0/1),
     and last the chain, which holds spaces. The list is as the script's
     table was: ``ok``, due, created, chain, TTL, ms left (``b""`` for none),
-    then four per message (a list from an older script passes as it is).
+    then four per message. (A refusal is still a table, and not passed here.)
     """
-    words = reply.split(b" ", 5 + 4 * count)
-    ok, due, created, ttl, left = words[:5]
+    words = reply.split(b" ", _HEAD_WORDS + _MESSAGE_WORDS * count)
+    ok, due, created, ttl, left = words[:_HEAD_WORDS]
     out: list[Any] = [
         ok,
         int(due),
@@ -115,7 +119,7 @@ def _appended(reply: bytes, count: int) -> list[Any]:
         int(float(ttl)) if ttl else b"",  # as stored: set_ttl's, or the default sent
         int(left) if left else b"",
     ]
-    for i in range(5, 5 + 4 * count, 4):
+    for i in range(_HEAD_WORDS, _HEAD_WORDS + _MESSAGE_WORDS * count, _MESSAGE_WORDS):
         out += [words[i], int(words[i + 1]), int(words[i + 2]), int(words[i + 3])]
     return out
 

@@ -794,6 +794,7 @@ async def test_functions_prune_deletes_only_other_versions_libraries(
     The pods of this version still run by FCALL after it; libraries named otherwise (a
     user's own, one only shaped like ours) stay; a second prune finds nothing.
     """
+    from ctxstore._connection import library_names
     from ctxstore._scripts import LIBRARY_NAME
 
     server = servers.start()
@@ -812,8 +813,7 @@ async def test_functions_prune_deletes_only_other_versions_libraries(
         out = capsys.readouterr().out
         assert f"deleted on the store's Redis: {older} (kept {LIBRARY_NAME})" in out
         listed = await raw.execute_command("FUNCTION", "LIST")
-        names = {dict(zip(e[::2], e[1::2], strict=True))[b"library_name"] for e in listed}
-        assert names == {n.encode() for n in (LIBRARY_NAME, *others)}
+        assert set(library_names(listed)) == {LIBRARY_NAME, *others}
         async with ContextStore.from_settings(settings, tenant="acme") as pod:
             assert (await pod.append("s", turn(0))).seq == 1  # by FCALL, of the kept library
         assert await _run(["functions", "prune"]) == 0

@@ -32,12 +32,14 @@ from test_cli import ADMIN, load_acl
 from test_ttl_stretch_attack import fork_settings, segment_keys, with_ttl
 
 from ctxstore import (
+    ConfigurationError,
     ContextStore,
     PermissionDeniedError,
     Settings,
     TenantLimits,
 )
-from ctxstore._scripts import LIBRARY_NAME, SCRIPTS
+from ctxstore._connection import library_names as listed_names
+from ctxstore._scripts import LIBRARY_NAME, SCRIPTS, library
 from ctxstore.lineage import Chain
 from ctxstore.writes import _appended
 
@@ -442,8 +444,8 @@ def lua_library(name: str) -> str:
 
 
 async def library_names(raw: Redis) -> set[str]:
-    listed = await raw.execute_command("FUNCTION", "LIST")
-    return {dict(zip(e[::2], e[1::2], strict=True))[b"library_name"].decode() for e in listed}
+    """The names of the libraries loaded on ``raw``'s server."""
+    return set(listed_names(await raw.execute_command("FUNCTION", "LIST")))
 
 
 def fn_settings(url: str, **more: Any) -> Settings:
@@ -490,10 +492,27 @@ async def test_prune_deletes_only_exact_older_names(servers: ServerPool, tenant:
         await raw.aclose()
 
 
-async def test_prune_with_nothing_loaded_deletes_nothing(servers: ServerPool, tenant: str) -> None:
+async def test_prune_without_this_versions_library_deletes_nothing(
+    servers: ServerPool, tenant: str
+) -> None:
+    """This version's library not loaded (a forgotten load): a typed error, nothing deleted.
+
+    Pruning then would leave the server with no library a pod of this version can run.
+    """
     server = servers.start()
-    async with ContextStore.from_settings(fn_settings(server.url()), tenant=tenant) as pod:
-        assert await pod._connection.prune_functions() == {"the store's Redis": []}
+    raw = Redis.from_url(server.url())
+    try:
+        async with ContextStore.from_settings(fn_settings(server.url()), tenant=tenant) as pod:
+            with pytest.raises(ConfigurationError, match="not loaded on the store's Redis"):
+                await pod._connection.prune_functions()  # nothing loaded at all
+            await raw.execute_command("FUNCTION", "LOAD", lua_library(OLDER[0]))
+            with pytest.raises(ConfigurationError, match="nothing was pruned"):
+                await pod._connection.prune_functions()
+            assert await library_names(raw) == {OLDER[0]}
+            await pod._connection.load_functions()
+            assert await pod._connection.prune_functions() == {"the store's Redis": [OLDER[0]]}
+    finally:
+        await raw.aclose()
 
 
 async def test_two_prunes_at_once_delete_each_library_once(
@@ -564,6 +583,7 @@ async def test_a_user_without_function_rights_gets_a_typed_error(
     raw = Redis.from_url(server.url())
     try:
         await raw.execute_command("FUNCTION", "LOAD", lua_library(OLDER[0]))
+        await raw.execute_command("FUNCTION", "LOAD", library())  # an admin loaded this version
         await load_acl(server, ADMIN + PRUNE_USERS[acl])
         settings = fn_settings(server.url("pruner", ""))
         async with ContextStore.from_settings(settings, tenant=tenant) as pod:
@@ -598,7 +618,8 @@ async def test_a_prune_retried_after_a_lost_connection_reports_every_library_it_
 ) -> None:
     """The connection breaks after the first DELETE was applied: both are reported.
 
-    Connection.call retries the whole walk; its LIST no longer names the first one.
+    Each command is retried on its own; a library gone at a retry of its own DELETE counts
+    as deleted (a retry of the whole walk would list it no more, and leave it out).
     """
     server = servers.start()
     raw = Redis.from_url(server.url())
@@ -646,16 +667,13 @@ async def test_functions_prune_on_the_cluster_with_near_misses(
     async with ContextStore.from_settings(settings, tenant=tenant) as pod:
         client = pod._connection.client
         assert isinstance(client, RedisCluster)
+        loaded = await pod._connection.load_functions()  # the client knows its nodes since
         try:
             for name in names:
-                await client.execute_command(
-                    "FUNCTION",
-                    "LOAD",
-                    "REPLACE",
-                    lua_library(name),
-                    target_nodes=RedisCluster.PRIMARIES,
-                )
-            loaded = await pod._connection.load_functions()
+                for node in client.get_primaries():  # redis-py 8 sends none to PRIMARIES
+                    await client.execute_command(
+                        "FUNCTION", "LOAD", "REPLACE", lua_library(name), target_nodes=node
+                    )
             pruned = await pod._connection.prune_functions()
             assert pruned == {node: [names[0]] for node in loaded}
             for i in range(8):
@@ -663,6 +681,5 @@ async def test_functions_prune_on_the_cluster_with_near_misses(
             assert await pod._connection.prune_functions() == {node: [] for node in loaded}
         finally:
             for name in names[1:]:  # our own near misses: leave the shared cluster as it was
-                await client.execute_command(
-                    "FUNCTION", "DELETE", name, target_nodes=RedisCluster.PRIMARIES
-                )
+                for node in client.get_primaries():
+                    await client.execute_command("FUNCTION", "DELETE", name, target_nodes=node)

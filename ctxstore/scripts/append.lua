@@ -59,8 +59,9 @@
 --
 -- Returns, when it is applied, one string of words cut by spaces (Redis spent some 8,600
 --      instructions sending a table of ten; the string saves an append some 7,000, 4.5%,
---      with its join, which for a single message is one concatenation, not table.concat):
---      'ok', due_generation, created 0/1, the session's TTL in ms ('' for none), the ms its
+--      with its join, which for a single new message is one concatenation, not table.concat):
+--      'ok', due_generation, created 0/1, the session's TTL in ms as stored or sent (set_ttl
+--      stores a Lua number, which may read in exponent form; '' for none), the ms its
 --      keys have left after this write (the SDK sends the full form once that is under the
 --      TTL; '' with no TTL, -1 when this write took a removed TTL's expiry away), then
 --      entry id, seq, epoch, duplicate 0/1 per message, and last the session's chain ('' for
