@@ -33,6 +33,7 @@ from redis._parsers import hiredis as _hiredis_parser
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as rconn
 
+from ctxstore._codec import raw_pairs, text
 from ctxstore._scripts import LIBRARY_NAME, Script, library
 from ctxstore.errors import (
     ConfigurationError,
@@ -62,17 +63,13 @@ _OUR_LIBRARY = re.compile(r"ctxstore_[0-9a-f]{12}")
 
 
 def library_names(listed: Sequence[Any]) -> list[str]:
-    """The library names in a ``FUNCTION LIST`` reply.
-
-    Each library is a flat list of names and values (redis-py 5), or a dict (redis-py 8).
-    """
-    names = []
-    for entry in listed:
-        if not isinstance(entry, dict):
-            entry = dict(zip(entry[::2], entry[1::2], strict=True))
-        raw = entry.get(b"library_name", entry.get("library_name"))
-        names.append(raw.decode() if isinstance(raw, bytes) else str(raw))
-    return names
+    """The library names in a ``FUNCTION LIST`` reply (each library a flat list or a map)."""
+    return [
+        text(value)
+        for entry in listed
+        for field, value in raw_pairs(entry)
+        if text(field) == "library_name"
+    ]
 
 
 Commands = Sequence[tuple[Any, ...]]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Iterable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -425,7 +425,15 @@ class Lineage:
                 return False
         return True
 
-    async def keep_alive(self, session: str, chain: Any, ttl: Any, *, now: bool = False) -> None:
+    async def keep_alive(
+        self,
+        session: str,
+        chain: Any,
+        ttl: Any,
+        *,
+        now: bool = False,
+        branches: Sequence[Any] | None = None,
+    ) -> None:
         """Make the segments of ``session``'s chain outlast it, after a write refreshed its TTL.
 
         At most once per ``KEEP_ALIVE_MS`` (a tenth of the TTL, if shorter) per
@@ -441,7 +449,9 @@ class Lineage:
             ttl: Its TTL in ms (``0`` or ``""``: none; its segments never expire then).
             now: The session's TTL was just set, raised or removed: stretch them
                 whatever this process did last, and the segments its branches read
-                too (one more round trip), which a rewind gave the TTL then in force.
+                too, which a rewind gave the TTL then in force.
+            branches: With ``now``, the session's branches' records, if the caller
+                read them with the TTL's change (else one more round trip reads them).
         """
         ttl_ms = int(text(ttl) or 0)
         every = min(KEEP_ALIVE_MS, ttl_ms // 10) if ttl_ms else KEEP_ALIVE_MS
@@ -450,11 +460,11 @@ class Lineage:
         if not now and last is not None and last[1] == ttl_ms and clock - last[0] < every / 1000:
             return
         self._stretched.put(session, (clock, ttl_ms))
-        records: list[Any] = []
-        if now:
-            branches = self._scope.keys(session).branches
+        records: Sequence[Any] = branches or []
+        if now and branches is None:
+            key = self._scope.keys(session).branches
             (records,) = await self._scope.connection.batch(
-                [("HVALS", branches)], session=session, key=branches
+                [("HVALS", key)], session=session, key=key
             )
         # A branch's segment may be gone (it lasted its rewind's TTL): a hold without a
         # reader skips it and stretches the rest.

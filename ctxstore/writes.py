@@ -554,7 +554,7 @@ class Writer:
         keys = self._scope.keys(session)
         check_int(seconds, "seconds", low=1, high=MAX_TTL_SECONDS, optional=True, session=session)
         ttl_ms = 0 if seconds is None else seconds * 1000
-        found, *chain = await self._scope.connection.script(
+        found, *read = await self._scope.connection.script(
             SCRIPTS.set_ttl,
             (
                 *(keys.log, keys.meta, keys.keep, keys.view, keys.anchor, keys.index),
@@ -567,7 +567,8 @@ class Writer:
             raise SessionNotFoundError(
                 "no such session", tenant=self._scope.tenant, session=session
             )
-        await self._lineage.keep_alive(session, chain[0], ttl_ms, now=True)
+        chain, *records = read
+        await self._lineage.keep_alive(session, chain, ttl_ms, now=True, branches=records)
 
     async def delete(self, session: str) -> bool:
         """Delete a session, leaving a tombstone; True if it existed.

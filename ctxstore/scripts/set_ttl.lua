@@ -12,13 +12,17 @@
 -- keys keep their own expiry.
 --
 -- The segments its history starts in (lineage.py) are the caller's to stretch: it gets
--- the session's chain back.
+-- the session's chain back, and its branches' records (whose segments a rewind gave the
+-- TTL then in force), read in this step rather than in a round trip of their own.
 --
--- Returns {1, chain ('' for none)}, or {0} when the session does not exist.
+-- Returns {1, chain ('' for none), branch record...}, or {0} when the session does not exist.
 if redis.call('HEXISTS', KEYS[2], 'seq') == 0 then return {0} end
 local ttl = tonumber(ARGV[1])
 redis.call('HSET', KEYS[2], 'ttl', ttl)
 for _, key in ipairs(KEYS) do
   if ttl > 0 then redis.call('PEXPIRE', key, ttl) else redis.call('PERSIST', key) end
 end
-return {1, redis.call('HGET', KEYS[2], 'chain') or ''}
+local out = redis.call('HVALS', KEYS[9])
+table.insert(out, 1, redis.call('HGET', KEYS[2], 'chain') or '')
+table.insert(out, 1, 1)
+return out
