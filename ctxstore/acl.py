@@ -9,9 +9,9 @@
 - ``ctxstore-t-<tenant>``: optional, one per tenant, for pods that serve a
   single tenant: that tenant's keys only (its limits read-only), no queue
   (its summaries are queued by the workers' sweep), and no script of its
-  own: it runs the project's scripts as Redis Functions (``FCALL``, with
-  ``CTXSTORE_SCRIPT_MODE=functions``, after ``ctxstore functions load``), so
-  it cannot block the server for every tenant with an endless ``EVAL``.
+  own: it runs the project's scripts as Redis Functions (``FCALL``, as the
+  default ``script_mode``, auto, does once ``ctxstore functions load`` loaded
+  them), so it cannot block the server for every tenant with an endless ``EVAL``.
 
 None of them may run ``KEYS``, ``SCAN``, ``RANDOMKEY``, ``DBSIZE``, ``INFO``,
 ``FUNCTION``, any ``SCRIPT`` subcommand, ``FLUSHALL``/``FLUSHDB``, ``CONFIG``,
@@ -58,12 +58,13 @@ STORE = (
     "xrevrange", "xtrim", "zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zrem",
     "zrevrangebyscore", "zscan", "zscore",
 )  # fmt: skip
-"""The SDK's commands (WAIT for ``replica_acks``, FCALL for ``script_mode=functions``),
+"""The SDK's commands (WAIT for ``replica_acks``, FCALL where the library is loaded),
 and those its Lua scripts call (TIME, RENAME and HEXISTS among them)."""
 
 SCRIPTS = ("eval", "evalsha")
-"""Scripts of the caller's own: the pods' and workers' users (trusted code, the
-SDK's ``eval`` mode); never a tenant's own user, which could block the server."""
+"""Scripts of the caller's own: the pods' and workers' users (trusted code: the SDK runs its
+scripts so where the library is not loaded); never a tenant's own user, which could block
+the server."""
 
 ENQUEUE = ("watch", "unwatch", "psetex", "get")
 """arq's enqueue and job status, beyond the store's commands."""

@@ -16,7 +16,7 @@ ctxstore limits [--sessions N] [--unset NAME]   the limits in force; set or unse
 ctxstore forget --tenant T --dry-run|--yes      delete every session of a tenant
 ctxstore sweep                          queue the summaries whose job was lost or failed
 ctxstore acl --credentials F [--out F]  render least-privilege ACL users
-ctxstore functions load|show            the scripts as Redis Functions
+ctxstore functions load|prune|show      the scripts as Redis Functions (run by FCALL)
 ctxstore embedded stop                  stop the embedded Redis (its data stays)
 ```
 

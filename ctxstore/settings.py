@@ -51,11 +51,16 @@ class Settings(BaseSettings):
             within ``replica_ack_timeout_ms``. ``0``: answer at once (a
             failover can then lose the last writes).
         replica_ack_timeout_ms: How long a write waits for its replicas.
-        script_mode: How the SDK runs its Lua scripts: ``eval`` (``EVALSHA``,
-            sent with ``EVAL`` once per server) or ``functions`` (``FCALL`` of
-            the library an operator loaded with ``ctxstore functions load``;
-            Redis 7+). Tenants' own ACL users need ``functions``: they may run
-            the project's scripts, and no script of their own.
+        script_mode: How the SDK runs its Lua scripts. ``auto`` (the default):
+            by ``FCALL`` of this version's Functions library where it is loaded
+            (``ctxstore functions load``, as the deploy's ``functions`` job
+            does; the embedded Redis is given it by the SDK), which costs Redis
+            less per call than ``EVALSHA``; where it is not, by ``EVALSHA``, and
+            ``FCALL`` is tried again a minute later. ``eval``: always by
+            ``EVALSHA`` (sent with ``EVAL`` once per server). ``functions``:
+            always by ``FCALL``; a missing library is a ``ConfigurationError``.
+            A tenant's own ACL user runs no script of its own: it needs the
+            library loaded (``auto`` or ``functions``).
         key_prefix: The first part of every key; tests use their own.
         tenant: The tenant used where none is given (CLI, demo, adapter).
         default_token_budget: The view's budget when neither the caller nor
@@ -217,7 +222,7 @@ class Settings(BaseSettings):
     redis_cluster: bool = False
     replica_acks: Annotated[int, Field(ge=0, le=16)] = 0
     replica_ack_timeout_ms: PositiveInt = 500
-    script_mode: Literal["eval", "functions"] = "eval"
+    script_mode: Literal["auto", "eval", "functions"] = "auto"
     key_prefix: str = "ctx"
     tenant: str = "default"
     default_token_budget: PositiveInt = 100_000

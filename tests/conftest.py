@@ -124,7 +124,7 @@ BACKENDS = ["single", "cluster"]
 
 @pytest.fixture
 def settings(backend: str, redis_url: str, request: pytest.FixtureRequest) -> Settings:
-    """Settings on the test Redis (or cluster), with this run's key prefix.
+    """Settings on the test Redis (or cluster), with this run's key prefix, by EVALSHA.
 
     On a cluster, the summary queue stays on the single Redis: arq cannot run
     on a cluster.
@@ -133,6 +133,11 @@ def settings(backend: str, redis_url: str, request: pytest.FixtureRequest) -> Se
         "key_prefix": RUN_PREFIX,
         "queue_name": f"{RUN_PREFIX}:summaries",
         "retry_attempts": 2,
+        # The shared Redis never holds a Functions library (nor do the test clusters): the
+        # default, auto, would send each client's first script by FCALL, refused, then by
+        # EVALSHA, which tests that lose or count a script's round trips would have to
+        # tell apart. test_script_mode.py runs auto; test_scripts.py every script by FCALL.
+        "script_mode": "eval",
     }
     if backend == "cluster":
         running: Cluster = request.getfixturevalue("cluster")

@@ -27,6 +27,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 from servers import PrivateRedis, ServerPool, redis7_binary, run_burst
 
 from ctxstore import (
+    ConfigurationError,
     ContextStore,
     ForgetIncompleteError,
     LocalSummarizer,
@@ -546,3 +547,24 @@ async def test_a_tenant_user_may_run_no_script_of_its_own(acl: AclServer) -> Non
             await client.evalsha(SCRIPTS.set_ttl.sha, 4, *ttl_keys(ACME_UNUSED), 0)
         with pytest.raises(NoPermissionError):
             await client.execute_command("FUNCTION", "LOAD", "#!lua name=x\n")
+
+
+async def test_a_tenant_user_runs_the_library_by_default_and_is_told_when_it_is_gone(
+    acl: AclServer, admin: Redis
+) -> None:
+    """script_mode auto (the default) as a tenant's user: FCALL.
+
+    Once the library is deleted, a ConfigurationError naming the load (it may not fall
+    back to EVALSHA), and nothing written.
+    """
+    settings = acl.as_user(ACME_USER).model_copy(update={"script_mode": "auto"})
+    async with ContextStore.from_settings(settings, tenant="acme") as store:
+        assert (await store.append("auto", turn(0))).seq == 1
+    await admin.execute_command("FUNCTION", "DELETE", LIBRARY_NAME)
+    try:
+        async with ContextStore.from_settings(settings, tenant="acme") as store:
+            with pytest.raises(ConfigurationError, match=r"may not run EVALSHA.*functions load"):
+                await store.append("auto", turn(1))
+            assert (await store.info("auto")).count == 1
+    finally:
+        await admin.execute_command("FUNCTION", "LOAD", "REPLACE", library())

@@ -274,8 +274,11 @@ def test_a_redis_url_asking_for_resp3_is_refused() -> None:
 async def test_commands_after_a_script_share_its_round_trip_and_never_fail_it(
     private: PrivateRedis, tenant: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """One trip; a refused command after the script is logged, and on NOSCRIPT is not re-sent."""
-    settings = Settings(redis_url=private.url(), retry_attempts=0)
+    """One trip; a refused command after the script is logged, and on NOSCRIPT is not re-sent.
+
+    By EVALSHA (test_script_mode.py has the same for an FCALL refused for want of a library).
+    """
+    settings = Settings(redis_url=private.url(), retry_attempts=0, script_mode="eval")
     async with ContextStore.from_settings(settings, tenant=tenant) as store:
         connection = store._connection
         trips: list[list[tuple[Any, ...]]] = []

@@ -532,9 +532,13 @@ def test_compose_services_wait_for_a_healthy_redis(monkeypatch: pytest.MonkeyPat
     assert data.split(":")[0] in spec["volumes"], "the AOF is on a named volume"
     assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
     assert spec["services"]["demo"]["command"] == ["demo"]
-    for name in ("worker", "demo"):
+    assert spec["services"]["functions"]["command"] == ["functions", "load"]
+    for name in ("functions", "worker", "demo"):
         service = spec["services"][name]
         assert service["depends_on"]["redis"]["condition"] == "service_healthy", name
+        if name != "functions":  # the scripts by FCALL from their first call
+            functions = service["depends_on"]["functions"]["condition"]
+            assert functions == "service_completed_successfully", name
         assert service["build"]["dockerfile"] == "deploy/Dockerfile", name
         assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
         settings = settings_from(service["environment"], monkeypatch)

@@ -89,7 +89,7 @@ def server() -> Iterator[PrivateRedis]:
 
 
 async def workload(url: str, mode: str = "eval") -> None:
-    """Drive every script through the public API (``mode``: ``eval`` or ``functions``)."""
+    """Drive every script through the public API (``mode``: the script mode)."""
     settings = Settings(
         redis_url=url,
         script_mode=mode,
@@ -196,12 +196,16 @@ async def test_scripts_touch_only_declared_keys(server: PrivateRedis) -> None:
     assert sum(len(c.inner) for c in calls) > 100
 
 
-async def test_every_script_runs_as_a_function(server: PrivateRedis) -> None:
-    """The same workload with script_mode=functions: each script runs by FCALL, none by EVAL."""
+@pytest.mark.parametrize("mode", ["functions", "auto"])
+async def test_every_script_runs_as_a_function(server: PrivateRedis, mode: str) -> None:
+    """The same workload with the library loaded: each script runs by FCALL, none by EVAL.
+
+    ``auto`` (the default) too: no FCALL refused, no EVALSHA.
+    """
     async with ContextStore.from_url(server.url(), "acme") as loader:
         await loader._connection.load_functions()  # before MONITOR: the library is one long line
     async with Monitor(server.port) as monitor:
-        await workload(server.url(), "functions")
+        await workload(server.url(), mode)
         logged = await monitor.drain()
     called = {e.args[1].decode() for e in logged if e.args[0].lower() == b"fcall"}
     assert {script.function for script in vars(SCRIPTS).values()} <= called | {

