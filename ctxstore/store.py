@@ -167,9 +167,12 @@ class ContextStore:
         """
         settings = settings or Settings()
         tenant = settings.tenant if tenant is None else tenant
-        return cls(
-            make_client(settings.store_url(), settings), tenant=tenant, settings=settings, **kwargs
-        )
+        client = make_client(settings.store_url(), settings)
+        if "_connection" not in kwargs:  # the embedded Redis it started, when it has no URL
+            kwargs["_connection"] = Connection(
+                client, settings, embedded=settings.redis_url is None
+            )
+        return cls(client, tenant=tenant, settings=settings, **kwargs)
 
     @classmethod
     def from_url(cls, url: str, tenant: str, **kwargs: Any) -> ContextStore:

@@ -87,13 +87,14 @@ def tenant() -> str:
 
 
 @contextmanager
-def cluster_or_skip() -> Iterator[Cluster]:
+def cluster_or_skip(**shape: int) -> Iterator[Cluster]:
     """A Redis Cluster of one's own (3 primaries, 3 replicas), stopped on exit.
 
-    The test (or fixture) is skipped when none can start here.
+    The test (or fixture) is skipped when none can start here. ``shape``: another
+    ``primaries=`` or ``replicas=``.
     """
     try:
-        running = Cluster.start()
+        running = Cluster.start(**shape)
     except RuntimeError as exc:
         pytest.skip(f"no Redis Cluster here: {exc}")
     try:

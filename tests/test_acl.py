@@ -563,7 +563,9 @@ async def test_a_tenant_user_runs_the_library_by_default_and_is_told_when_it_is_
     await admin.execute_command("FUNCTION", "DELETE", LIBRARY_NAME)
     try:
         async with ContextStore.from_settings(settings, tenant="acme") as store:
-            with pytest.raises(ConfigurationError, match=r"may not run EVALSHA.*functions load"):
+            with pytest.raises(
+                ConfigurationError, match=r"neither by FCALL .* nor by EVALSHA.*functions load"
+            ):
                 await store.append("auto", turn(1))
             assert (await store.info("auto")).count == 1
     finally:
