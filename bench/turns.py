@@ -38,12 +38,12 @@ client that gives its stream the TTL); a *cold* view (a pod that keeps no views:
 where its last view started and reads back that far); and a *hot* view (the
 pod that viewed the session last, after one new message: its own, as in an
 agent loop, then in a second row another pod's). Each phase runs
-over 20 sessions between two INFO probes, and the plain client does the same
+over 50 sessions (:data:`OPS_SESSIONS`) between two INFO probes, and the plain client does the same
 phases (its view is the same whether hot or cold). The probes' own CPU and
 output (about 3 us and 80 bytes per operation, a tenth of a hot view's) are
 measured around phases that do nothing, in the same rounds, and subtracted.
-An operation's Redis CPU is its median phase's: a phase of 20 appends is some
-2 ms of the server's CPU, which one hiccup of a shared machine can double.
+An operation's Redis CPU is its median phase's: a phase of 50 appends is some
+2.5 ms of the server's CPU, which one hiccup of a shared machine can double.
 It runs twice: with messages of 1,024 bytes of text, the issue's own setup
 (its plain view sends 84 KB), and of 400 bytes, where the plain client's 64
 messages hold less than the budget's view.
@@ -103,7 +103,14 @@ BUDGET = 8_000
 SIZE = 400
 """Bytes of text per message of the turn workloads (the tool results and prose of bench.bench)."""
 OPS_LENGTH = 3_000
-OPS_SESSIONS = 20
+OPS_SESSIONS = 50
+"""Sessions a per-operation phase runs over, one operation each: 50, so each phase of
+script appends holds one of the Lua garbage collector's steps Redis forces every 50 script
+calls (some 270k instructions, two appends' worth), its share in a steady state; with 20,
+a phase held one in some rounds and none in others, in a pattern set by the rows' order.
+The rows still move with their place in a round, by more than their instructions differ:
+the first append phase after the views and the idle phase read the same append's CPU at
+1.98x and 1.70x in two orders (it costs 146k-151k instructions there, 143k fourth)."""
 OPS_SIZES = (1_024, 400)
 """The per-operation table's message sizes. 1,024 bytes is the cost-per-turn issue's own
 setup (its plain client's view sends 84 KB: 65 entries of about 1.3 KB); at 400 bytes the
@@ -126,8 +133,8 @@ class Block:
     def less_probes(self, idle: Block) -> Block:
         """This block without its probes' own cost, as measured around phases that do nothing.
 
-        A phase's CPU less the median idle phase's: a phase of 20 appends is 2 ms of
-        the server's CPU, which one hiccup of a shared machine can double.
+        A phase's CPU less the median idle phase's: a phase of 50 appends is 2.5 ms
+        of the server's CPU, which one hiccup of a shared machine can double.
         """
         if not idle.probes:
             return self
@@ -394,7 +401,7 @@ on sessions of its own, beside the same plain append. ``EVALSHA`` runs a script'
 text each call (its shared functions made anew) and finds it by its SHA; ``FCALL`` calls
 a function the library made once.
 ``append, all at once`` and ``hot view, all at once``: the same append, then the
-hot view after it, on all of 20 sessions together (4 under ``--instructions``; sessions
+hot view after it, on all of 50 sessions together (4 under ``--instructions``; sessions
 of their own, so the cold view still reads back what it did),
 as a pod serving many agents
 sends them (the server reads several requests per wake-up: its system calls
