@@ -58,8 +58,11 @@ def server(servers: ServerPool) -> PrivateRedis:
 
 @contextlib.asynccontextmanager
 async def admin_of(url: str) -> AsyncIterator[Redis]:
-    """A plain client on ``url`` (the private server's admin)."""
-    client = Redis.from_url(url)
+    """A plain client on ``url`` (the private server's admin).
+
+    Its replies may take as long as a WAIT is told to (redis-py 8 reads with a timeout).
+    """
+    client = Redis.from_url(url, socket_timeout=60)
     try:
         yield client
     finally:
