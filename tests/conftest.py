@@ -190,6 +190,18 @@ def servers() -> Iterator[ServerPool]:
 
 
 @pytest.fixture
+def server(servers: ServerPool) -> PrivateRedis:
+    """A private Redis 7 of this test's own (Functions, MONITOR); skipped where none is.
+
+    Modules with a ``server`` fixture of their own (test_scripts, test_worker_logs) use
+    theirs.
+    """
+    if redis7_binary() is None:
+        pytest.skip("needs Redis 7")
+    return servers.start()
+
+
+@pytest.fixture
 def private() -> Iterator[PrivateRedis]:
     """A Redis of this test's own, which it may pause, kill and restart."""
     binary = redis7_binary() or any_redis_binary()

@@ -6,6 +6,7 @@ reads what the store sent from MONITOR, or from the server's own state.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ from servers import (
     Logged,
     Monitor,
     PrivateRedis,
-    ServerPool,
     _major_version,
     any_redis_binary,
     redis7_binary,
@@ -27,14 +27,6 @@ from ctxstore import ConfigurationError, ContextStore, Settings, StoreError
 from ctxstore._connection import FUNCTIONS_RECHECK_S, library_names
 from ctxstore._scripts import LIBRARY_NAME
 from ctxstore.embedded import stop_embedded
-
-
-@pytest.fixture
-def server(servers: ServerPool) -> PrivateRedis:
-    """A private Redis 7 of this test's own."""
-    if redis7_binary() is None:
-        pytest.skip("needs Redis 7 (Functions)")
-    return servers.start()
 
 
 def settings_for(url: str, **changes: object) -> Settings:
@@ -75,8 +67,8 @@ async def test_without_the_library_one_fcall_fails_then_evalsha_until_the_rechec
         assert sent.count(b"evalsha") >= 5  # one per append at least
         assert [r.seq for r in results] == [1, 2, 3, 4, 5]
         assert not any(r.duplicate for r in results)
-        # FUNCTIONS_RECHECK_S later (the clock's stand-in: the time it was found missing).
-        store._connection._topology.functions_missing_at -= FUNCTIONS_RECHECK_S
+        # FUNCTIONS_RECHECK_S later (the clock's stand-in: when FCALL is tried again).
+        store._connection._topology.fcall_from -= FUNCTIONS_RECHECK_S
         async with Monitor(server.port) as monitor:
             await store.append("s", turn(5))
             await store.append("s", turn(6))
@@ -92,7 +84,7 @@ async def test_a_library_loaded_later_is_taken_up_at_the_recheck(server: Private
         await load(server.url())
         async with Monitor(server.port) as monitor:
             await store.append("s", turn(1))
-            store._connection._topology.functions_missing_at -= FUNCTIONS_RECHECK_S
+            store._connection._topology.fcall_from -= FUNCTIONS_RECHECK_S
             await store.append("s", turn(2))
             await store.append("s", turn(3))
             logged = await monitor.drain()
@@ -189,7 +181,7 @@ async def test_the_embedded_redis_is_given_the_library_where_it_has_functions(
             topology = store._connection._topology
         # Redis 7: FCALL from now on. Redis 6: EVALSHA, FCALL again only in an hour.
         assert topology.fcall_due() is (major == 7)
-        assert topology.fcall_unknown is (major == 6)
+        assert (topology.fcall_from - time.monotonic() > FUNCTIONS_RECHECK_S) is (major == 6)
         assert not [r for r in caplog.records if r.levelname == "WARNING"]
         stop_embedded(data_dir)  # its append-only file keeps the library
         async with ContextStore.from_settings(config, tenant="acme") as store:

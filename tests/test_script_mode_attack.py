@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from ctxstore import (
     Settings,
     StoreError,
 )
+from ctxstore._connection import FUNCTIONS_RECHECK_S
 from ctxstore._keys import session_keys
 from ctxstore._scripts import LIBRARY_NAME, SCRIPTS, library
 from ctxstore.acl import POD_USER, WORKER_USER, render_acl, tenant_user_name
@@ -46,14 +48,6 @@ from ctxstore.testing import LocalCluster
 
 OTHER_VERSION = "ctxstore_000000000000"
 """Another version's library, as `ctxstore functions load` of that version names it."""
-
-
-@pytest.fixture
-def server(servers: ServerPool) -> PrivateRedis:
-    """A private Redis 7 of this test's own."""
-    if redis7_binary() is None:
-        pytest.skip("needs Redis 7 (Functions)")
-    return servers.start()
 
 
 @contextlib.asynccontextmanager
@@ -220,7 +214,7 @@ async def test_a_lost_reply_of_the_evalsha_fallback_is_answered_with_the_appende
         admin_of(server.url()) as admin,
     ):
         await store.append("s", turn(0))  # the session exists, the script is cached
-        store._connection._topology.functions_missing_at = float("-inf")  # FCALL again
+        store._connection._topology.fcall_from = float("-inf")  # FCALL again
         applied: dict[str, Any] = {}
         sent: list[str] = []
         real = store._connection.node_call
@@ -329,7 +323,7 @@ async def test_commands_after_a_refused_fcall_are_sent_once(
         if not cached:
             async with admin_of(server.url()) as admin:
                 await admin.script_flush()
-        store._connection._topology.functions_missing_at = float("-inf")
+        store._connection._topology.fcall_from = float("-inf")
         async with Monitor(server.port) as monitor:
             await store.append("s", turn(1))
             logged = await monitor.drain()
@@ -347,13 +341,14 @@ async def test_commands_after_a_script_on_redis_6_are_sent_once() -> None:
         config = settings_for(server.url(), index_interval=0.0)
         async with ContextStore.from_settings(config, tenant="acme") as store:
             await store.append("s", turn(0))
-            store._connection._topology.functions_missing_at = float("-inf")
+            store._connection._topology.fcall_from = float("-inf")
             async with Monitor(server.port) as monitor:
                 await store.append("s", turn(1))
                 await store.append("s", turn(2))
                 logged = await monitor.drain()
-            assert store._connection._topology.fcall_unknown
-            assert not store._connection._topology.fcall_due()
+            topology = store._connection._topology
+            assert topology.fcall_from - time.monotonic() > FUNCTIONS_RECHECK_S  # an hour
+            assert not topology.fcall_due()
             assert await contents(store, "s") == [turn(i)["content"] for i in range(3)]
     sent = sent_after_scripts(logged)
     # MONITOR shows no unknown command: the FCALL's refusal is the hour's recheck above.
@@ -367,7 +362,7 @@ async def test_commands_after_a_refused_fcall_are_not_sent_again_when_the_fallba
     config = settings_for(server.url(), index_interval=0.0)
     async with ContextStore.from_settings(config, tenant="acme") as store:
         await store.append("s", turn(0))
-        store._connection._topology.functions_missing_at = float("-inf")
+        store._connection._topology.fcall_from = float("-inf")
         real = store._connection.node_call
         failed: list[bool] = []
 
@@ -521,12 +516,12 @@ async def test_fifty_first_appends_on_the_embedded_redis_race_its_load_and_are_s
             async with asyncio.timeout(60):  # fewer than 10 FCALLs would hold them for ever
                 results = await asyncio.gather(*(store.append(s, message(s, i)) for s, i in calls))
             stored = {s: await contents(store, s) for s in sessions}
-            missing = store._connection._topology.functions_missing_at
+            fcall_from = store._connection._topology.fcall_from
         async with admin_of(config.store_url()) as admin:
             stats = await admin.info("commandstats")
     finally:
         stop_embedded(data_dir)
-    assert missing == float("-inf")  # FCALL from now on: nothing waits for a recheck
+    assert fcall_from == float("-inf")  # FCALL from now on: nothing waits for a recheck
     assert stats["cmdstat_function|load"]["calls"] == 1
     # The others refused meanwhile (ten at least were under way at once; all fifty may be).
     assert 9 <= stats["cmdstat_evalsha"]["calls"] <= 49
