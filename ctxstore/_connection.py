@@ -34,6 +34,7 @@ from redis._parsers import hiredis as _hiredis_parser
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as rconn
 
+from ctxstore._coalescer import Coalescer
 from ctxstore._codec import raw_pairs, text
 from ctxstore._scripts import LIBRARY_NAME, Script, library
 from ctxstore.errors import (
@@ -546,6 +547,7 @@ class Connection:
         *,
         topology: _Topology | None = None,
         deadlines: _Deadlines | None = None,
+        coalescer: Coalescer | None = None,
         label: str = "Redis",
         embedded: bool = False,
     ) -> None:
@@ -558,6 +560,7 @@ class Connection:
         self._tenant = tenant
         self._topology = topology or _Topology()
         self._deadlines = deadlines or _Deadlines(settings.operation_timeout)
+        self._coalescer = coalescer or Coalescer(settings.coalesce_calls)
         self._label = label
         self._embedded = embedded
 
@@ -574,6 +577,7 @@ class Connection:
             tenant,
             topology=self._topology,
             deadlines=self._deadlines,
+            coalescer=self._coalescer,
             label=self._label,
             embedded=self._embedded,
         )
@@ -646,7 +650,9 @@ class Connection:
 
         Error replies come back as exception objects in the list (a
         transaction's refused command is raised). With ``transaction``, the
-        commands run in MULTI/EXEC and the list is EXEC's reply.
+        commands run in MULTI/EXEC and the list is EXEC's reply. Calls in
+        flight together to one node share a write and a connection
+        (:mod:`ctxstore._coalescer`).
 
         No retry here: :meth:`call` wraps it.
         """
@@ -655,8 +661,35 @@ class Connection:
                 # hiredis crashes the process on an int over 4300 digits; Redis takes int64.
                 if isinstance(arg, int) and not -(2**63) <= arg < 2**63:
                     raise InvalidInputError(f"a number out of Redis's range in {command[0]}")
-        if transaction:
-            commands = [("MULTI",), *commands, ("EXEC",)]
+        sent: list[tuple[Any, ...]] = (
+            [("MULTI",), *commands, ("EXEC",)] if transaction else list(commands)
+        )
+        replies = await self._coalescer.send(self._node_of(key), key, sent, self._send)
+        if not transaction:
+            return replies
+        for reply in replies:  # +OK, +QUEUED..., then EXEC's array
+            if isinstance(reply, Exception):
+                raise reply
+        result = replies[-1]
+        if not isinstance(result, list):
+            raise rex.ResponseError("the transaction was aborted")
+        for reply in result:
+            if isinstance(reply, Exception):
+                raise reply
+        return result
+
+    def _node_of(self, key: str) -> str | None:
+        """The name of the node that owns ``key`` ("" on one Redis); None if not known yet."""
+        if not self.cluster:
+            return ""
+        client = cast(RedisCluster, self.client)
+        if client._initialize:
+            return None
+        node = client.get_node_from_key(key)
+        return None if node is None else str(node.name)
+
+    async def _send(self, key: str, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """``commands`` on one connection of ``key``'s node, every reply read; raw replies."""
         conn, release = await self._acquire(key)
         try:
             await conn.send_packed_command(_pack(conn, commands), check_health=False)
@@ -670,18 +703,7 @@ class Connection:
                 self._pool.mark_clean(conn)
         finally:
             await release(conn)
-        if not transaction:
-            return replies
-        for reply in replies:  # +OK, +QUEUED..., then EXEC's array
-            if isinstance(reply, Exception):
-                raise reply
-        result = replies[-1]
-        if not isinstance(result, list):
-            raise rex.ResponseError("the transaction was aborted")
-        for reply in result:
-            if isinstance(reply, Exception):
-                raise reply
-        return result
+        return replies
 
     async def _acquire(self, key: str) -> tuple[Any, Callable[[Any], Awaitable[None]]]:
         """A connection to the node owning ``key``, and how to give it back."""
@@ -1068,4 +1090,5 @@ class Connection:
     async def aclose(self) -> None:
         """Close the client's connections."""
         self._deadlines.close()
+        await self._coalescer.aclose()
         await cast(Any, self.client).aclose()

@@ -77,6 +77,14 @@ class Settings(BaseSettings):
         max_connections: The most connections a process opens to one Redis
             (to each node of a cluster). On one Redis, a call past it waits for
             a free connection, within its deadline, instead of failing.
+        coalesce_calls: The most calls in flight together to one Redis (one
+            node of a cluster) that are sent in one write, on one connection:
+            each call a connection of its own costs the server a wake-up, a
+            read and a write, more than an append itself. A call that finds
+            none other in flight goes at once; ``0`` sends every call alone.
+            The replies of a batch's calls are in Redis's output buffer
+            together: a ``client-output-buffer-limit`` for normal clients must
+            hold this many views' replies (some 80 KB each at 8,000 tokens).
         retry_attempts: How many times a call is retried after a transient
             connection error (appends keep their idempotency key).
         retry_base_delay: The first retry's delay, doubled on each retry,
@@ -232,6 +240,7 @@ class Settings(BaseSettings):
     connect_timeout: PositiveFloat = 2.0
     operation_timeout: PositiveFloat = 5.0
     max_connections: Annotated[int, Field(ge=1, le=100_000)] = 512
+    coalesce_calls: Annotated[int, Field(ge=0, le=10_000)] = 64
     retry_attempts: Annotated[int, Field(ge=0, le=100)] = 3
     retry_base_delay: PositiveFloat = 0.05
     retry_max_delay: PositiveFloat = 1.0

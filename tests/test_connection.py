@@ -81,7 +81,8 @@ async def test_connections_the_server_closed_while_idle_cost_no_attempt(
     private: PrivateRedis, tenant: str
 ) -> None:
     """CLIENT KILL, an idle timeout or a proxy's reset: with no retries at all, calls succeed."""
-    settings = Settings(redis_url=private.url(), retry_attempts=0)
+    # Each call alone, on a connection of its own: six connections for the server to close.
+    settings = Settings(redis_url=private.url(), retry_attempts=0, coalesce_calls=0)
     async with ContextStore.from_settings(settings, tenant=tenant) as store:
         await asyncio.gather(
             *(store.append(f"s{i}", {"role": "user", "content": "first"}) for i in range(6))
