@@ -42,25 +42,42 @@ from redis import exceptions as rex
 __all__ = ["Coalescer"]
 
 Command = tuple[Any, ...]
-Send = Callable[[str, list[Command]], Awaitable[list[Any]]]
+Commands = list[Command] | Callable[[], list[Command]]
+Send = Callable[[str, Commands], Awaitable[list[Any]]]
+"""How a node's commands are sent: ``send(key, commands)`` sends them on one connection of
+``key``'s node and reads every reply (an error reply as its exception object), closing the
+connection on any failure. ``commands`` may be a function, called once the connection is
+in hand (a batch's calls cancelled while it waited for one are not sent); ``[]`` sends
+nothing."""
 
 _ALONE = frozenset({b"WAIT", "WAIT", b"WAITAOF", "WAITAOF"})
 """Commands that hold their connection until something else happens: sent alone."""
 
+_Call = tuple[str, list[Command], "asyncio.Future[list[Any]]"]
+
 
 class _Batch:
-    """The calls gathered for one node: each one's commands and the future of its replies."""
+    """The calls gathered for one node: each one's key, commands and future of its replies."""
 
     __slots__ = ("calls", "key", "task")
 
     def __init__(self, key: str) -> None:
         self.key = key  # the first call's key: which node, in a cluster
-        self.calls: list[tuple[list[Command], asyncio.Future[list[Any]]]] = []
+        self.calls: list[_Call] = []
         self.task: asyncio.Task[None] | None = None
 
-    def waited(self) -> bool:
-        """Some call still waits on the batch's replies."""
-        return any(not future.done() for _, future in self.calls)
+    def waiting(self) -> list[_Call]:
+        """The calls that still wait on the batch's replies."""
+        return [call for call in self.calls if not call[2].done()]
+
+    def fail(self, exc: BaseException) -> None:
+        """Fail each call still waiting with its own copy of ``exc`` (each raises and chains it)."""
+        for _, _, future in self.waiting():
+            try:
+                own = copy.copy(exc)
+            except Exception:  # noqa: BLE001 - an error that cannot be copied is shared
+                own = exc
+            future.set_exception(own)
 
 
 class Coalescer:
@@ -84,9 +101,7 @@ class Coalescer:
     ) -> list[Any]:
         """``commands``' replies, sent by ``lone`` alone or in a batch with others to ``node``.
 
-        ``node`` names the node that owns ``key`` (``None``: unknown, sent alone);
-        ``lone(key, commands)`` sends commands on one connection and reads every reply
-        (an error reply as its exception object), closing the connection on any failure.
+        ``node`` names the node that owns ``key`` (``None``: unknown, sent alone).
         """
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new event loop (asyncio.run again): the old one is done
@@ -106,11 +121,11 @@ class Coalescer:
             self._gathering[node] = batch
             loop.call_soon(self._start, node, batch, lone)
         future: asyncio.Future[list[Any]] = loop.create_future()
-        batch.calls.append((commands, future))
+        batch.calls.append((key, commands, future))
         try:
             return await future
         except asyncio.CancelledError:
-            if batch.task is not None and not batch.waited():
+            if batch.task is not None and not batch.waiting():
                 batch.task.cancel()  # nobody reads its replies: its connection is closed
             raise
 
@@ -118,34 +133,62 @@ class Coalescer:
         """Send the batch gathered for ``node`` (the event loop's next turn)."""
         if self._gathering.get(node) is batch:
             del self._gathering[node]
-        if not batch.waited():
+        if not batch.waiting():
             return
         task = asyncio.get_running_loop().create_task(self._flush(node, batch, lone))
         batch.task = task
         self._tasks.add(task)  # held until done: the loop keeps only a weak reference
         task.add_done_callback(self._tasks.discard)
+        # However the task ends (cancelled before its first step too), no call waits on.
+        task.add_done_callback(
+            lambda _: batch.fail(rex.ConnectionError("the batch ended before its replies came"))
+        )
 
     async def _flush(self, node: str, batch: _Batch, lone: Send) -> None:
-        """Send every call of ``batch`` in one write, and hand each its replies."""
-        calls = [(commands, future) for commands, future in batch.calls if not future.done()]
-        flat = [command for commands, _ in calls for command in commands]
+        """Send the calls of ``batch`` still waiting in one write, and hand each its replies."""
+        sent: list[_Call] = []
+
+        def commands() -> list[Command]:  # once the connection is in hand
+            sent[:] = batch.waiting()
+            return [command for _, call_commands, _ in sent for command in call_commands]
+
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
         try:
-            replies = await lone(batch.key, flat)
-        except asyncio.CancelledError:
-            _fail(calls, rex.ConnectionError("the batch was cancelled before its replies came"))
-            raise
-        except BaseException as exc:  # noqa: BLE001 - each call is given it, to retry or raise
-            _fail(calls, exc)
+            replies = await lone(batch.key, commands)
+        except (rex.RedisError, OSError) as exc:
+            batch.fail(exc)  # a connection lost or refused: each call retries on its own
+            return
+        except Exception:  # noqa: BLE001 - not the server's answer: each call goes alone
+            await self._alone(batch, lone)
             return
         finally:
             self._landed(node)
         start = 0
-        for commands, future in calls:
-            end = start + len(commands)
+        for _, call_commands, future in sent:
+            end = start + len(call_commands)
             if not future.done():
                 future.set_result(replies[start:end])
             start = end
+
+    async def _alone(self, batch: _Batch, lone: Send) -> None:
+        """Send each call of ``batch`` still waiting alone, as if it had found none in flight.
+
+        For a batch whose connection failed with no word from the server (one left
+        from a finished event loop raises ``RuntimeError``): each call fails, or not,
+        as it would have alone, not every call for one connection.
+        """
+
+        async def one(key: str, commands: list[Command], future: asyncio.Future[list[Any]]) -> None:
+            try:
+                replies = await lone(key, commands)
+            except Exception as exc:  # noqa: BLE001 - the call's own error, raised by the call
+                if not future.done():
+                    future.set_exception(exc)
+            else:
+                if not future.done():
+                    future.set_result(replies)
+
+        await asyncio.gather(*(one(*call) for call in batch.waiting()))
 
     def _landed(self, node: str) -> None:
         """A lone call or a batch to ``node`` is off the wire."""
@@ -156,24 +199,20 @@ class Coalescer:
             self._in_flight.pop(node, None)
 
     async def aclose(self) -> None:
-        """Cancel the batches in flight (their calls fail, as on a closed connection)."""
+        """End every batch: those gathering and those in flight fail their calls.
+
+        As on a closed connection: each call's error is a connection error.
+        """
+        closed = rex.ConnectionError("the store was closed before the call's replies came")
+        for batch in self._gathering.values():
+            batch.fail(closed)
+        self._gathering.clear()
         tasks = list(self._tasks)
         for task in tasks:
-            task.cancel()
+            task.cancel()  # its done callback fails its calls, started or not
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _holds(commands: list[Command]) -> bool:
     """Some command holds its connection after its reply is due (sent alone)."""
     return any(command[0] in _ALONE for command in commands)
-
-
-def _fail(calls: list[tuple[list[Command], asyncio.Future[list[Any]]]], exc: BaseException) -> None:
-    """Fail each call still waiting with its own copy of ``exc`` (each raises and chains it)."""
-    for _, future in calls:
-        if not future.done():
-            try:
-                own = copy.copy(exc)
-            except Exception:  # noqa: BLE001 - an error that cannot be copied is shared
-                own = exc
-            future.set_exception(own)

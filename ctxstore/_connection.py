@@ -35,6 +35,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as rconn
 
 from ctxstore._coalescer import Coalescer
+from ctxstore._coalescer import Commands as CoalescedCommands
 from ctxstore._codec import raw_pairs, text
 from ctxstore._scripts import LIBRARY_NAME, Script, library
 from ctxstore.errors import (
@@ -688,10 +689,18 @@ class Connection:
         node = client.get_node_from_key(key)
         return None if node is None else str(node.name)
 
-    async def _send(self, key: str, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """``commands`` on one connection of ``key``'s node, every reply read; raw replies."""
+    async def _send(self, key: str, commands: CoalescedCommands) -> list[Any]:
+        """``commands`` on one connection of ``key``'s node, every reply read; raw replies.
+
+        ``commands`` may be a function, called once the connection is in hand (a
+        batch's calls cancelled while it waited are left out); ``[]`` sends nothing.
+        """
         conn, release = await self._acquire(key)
         try:
+            if callable(commands):
+                commands = commands()
+            if not commands:
+                return []
             await conn.send_packed_command(_pack(conn, commands), check_health=False)
             replies = await _read_replies(conn, len(commands))
         except BaseException:

@@ -3,11 +3,14 @@
 One place for the builders every test file uses: single messages in OpenAI
 Chat style (``oa_*``) and Anthropic style (``an_*``), a few constants, whole
 conversations, and :func:`paired`, which checks a view's tool pairs by id;
-and :func:`key_states`, what a set of keys holds, to show a refused write wrote nothing.
+and :func:`key_states`, what a set of keys holds, to show a refused write wrote nothing;
+and :func:`loop_until`, which runs the event loop a turn at a time until a condition holds.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ctxstore._formats import call_ids, result_ids
@@ -189,3 +192,15 @@ def ttl_span(ttl_ms: int) -> int:
     more, at most a minute (append.lua's ``stretch``).
     """
     return ttl_ms + min(ttl_ms // 10, 60_000)
+
+
+async def loop_until(condition: Callable[[], Any]) -> None:
+    """Let the event loop run, a turn at a time, until ``condition()`` holds.
+
+    For tests that choose the interleaving of tasks: no time passes, only turns.
+    """
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS
+from helpers import loop_until
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from servers import Monitor, PrivateRedis
 
 from ctxstore import ConflictError, ContextStore, Settings, StoreError, StoreUnavailableError
-from ctxstore._coalescer import Coalescer
+from ctxstore._coalescer import Coalescer, Commands
 
 Command = tuple[Any, ...]
 
@@ -36,7 +37,9 @@ class Sender:
         self.failure: BaseException | None = None
         self.cancelled = 0
 
-    async def __call__(self, key: str, commands: list[Command]) -> list[Any]:
+    async def __call__(self, key: str, commands: Commands) -> list[Any]:
+        if callable(commands):  # a batch's: its calls still waiting, once a connection is in hand
+            commands = commands()
         self.sent.append(commands)
         try:
             await self.open.wait()
@@ -46,15 +49,6 @@ class Sender:
         if self.failure is not None:
             raise self.failure
         return [(c[0], c[1]) for c in commands]
-
-
-async def until(condition: Any) -> None:
-    """Let the event loop run until ``condition()`` holds (each step one turn of it)."""
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition never held")
 
 
 def gets(
@@ -69,7 +63,7 @@ def gets(
 async def behind_one(coalescer: Coalescer, sender: Sender) -> asyncio.Task[list[Any]]:
     """A lone call (a ``GET`` of ``a``), once it is on the wire: the next calls batch."""
     [first] = gets(coalescer, sender, ["a"])
-    await until(lambda: sender.sent)
+    await loop_until(lambda: sender.sent)
     return first
 
 
@@ -82,7 +76,7 @@ async def test_a_lone_call_goes_at_once_and_the_next_ones_in_one_batch() -> None
     """The first call finds none in flight and goes alone; the 19 made meanwhile share one send."""
     coalescer, sender = Coalescer(64), Sender()
     calls = gets(coalescer, sender, names("k", 20))
-    await until(lambda: len(sender.sent) == 2)
+    await loop_until(lambda: len(sender.sent) == 2)
     sender.open.set()
     replies = await asyncio.gather(*calls)
     assert [len(s) for s in sender.sent] == [1, 19]
@@ -93,10 +87,10 @@ async def test_each_call_takes_its_own_replies_from_a_batch_of_several_commands_
     """Calls of 1, 2 and 3 commands: each gets exactly its own, in its order."""
     coalescer, sender = Coalescer(64), Sender()
     first = asyncio.create_task(coalescer.send("", "a", [("PING", "a")], sender))
-    await until(lambda: sender.sent)
+    await loop_until(lambda: sender.sent)
     shapes = {f"c{i}": [("CMD", f"c{i}.{j}") for j in range(1 + i % 3)] for i in range(12)}
     calls = {k: asyncio.create_task(coalescer.send("", k, v, sender)) for k, v in shapes.items()}
-    await until(lambda: len(sender.sent) == 2)
+    await loop_until(lambda: len(sender.sent) == 2)
     sender.open.set()
     await first
     for key, task in calls.items():
@@ -112,7 +106,7 @@ async def test_a_batch_holds_at_most_coalesce_calls(
     """Behind a lone call, batches of ``coalesce_calls`` at most (0: every call alone)."""
     coalescer, sender = Coalescer(most), Sender()
     started = gets(coalescer, sender, names("k", calls))
-    await until(lambda: len(sender.sent) == len(sends))
+    await loop_until(lambda: len(sender.sent) == len(sends))
     sender.open.set()
     assert await asyncio.gather(*started) == [[("GET", f"k{i}")] for i in range(calls)]
     assert [len(s) for s in sender.sent] == sends
@@ -122,12 +116,12 @@ async def test_nodes_batch_apart_and_an_unknown_node_goes_alone() -> None:
     """A call in flight to node A batches nothing for node B; a node not known yet never batches."""
     coalescer, sender = Coalescer(64), Sender()
     lone_a = asyncio.create_task(coalescer.send("a", "x", [("GET", "x")], sender))
-    await until(lambda: len(sender.sent) == 1)
+    await loop_until(lambda: len(sender.sent) == 1)
     on_b = gets(coalescer, sender, names("b", 3), node="b")
-    await until(lambda: len(sender.sent) == 2)  # b's first is alone: nothing in flight to b
+    await loop_until(lambda: len(sender.sent) == 2)  # b's first is alone: nothing in flight to b
     unknown = gets(coalescer, sender, names("u", 2), node=None)
     on_a = gets(coalescer, sender, names("a", 4), node="a")
-    await until(lambda: len(sender.sent) == 6)
+    await loop_until(lambda: len(sender.sent) == 6)
     sender.open.set()
     await asyncio.gather(lone_a, *on_b, *unknown, *on_a)
     sizes = sorted(len(s) for s in sender.sent)
@@ -144,7 +138,7 @@ async def test_wait_for_replicas_goes_alone() -> None:
         for i in range(3)
     ]
     plain = gets(coalescer, sender, names("p", 3))
-    await until(lambda: len(sender.sent) == 5)
+    await loop_until(lambda: len(sender.sent) == 5)
     sender.open.set()
     await asyncio.gather(first, *waits, *plain)
     assert sorted(len(s) for s in sender.sent) == [1, 2, 2, 2, 3]
@@ -155,7 +149,7 @@ async def test_a_cancelled_call_leaves_the_batch_to_the_others() -> None:
     coalescer, sender = Coalescer(64), Sender()
     first = await behind_one(coalescer, sender)
     calls = gets(coalescer, sender, names("k", 6))
-    await until(lambda: len(sender.sent) == 2)
+    await loop_until(lambda: len(sender.sent) == 2)
     calls[2].cancel()
     sender.open.set()
     results = await asyncio.gather(first, *calls, return_exceptions=True)
@@ -171,10 +165,10 @@ async def test_a_batch_nobody_waits_for_is_dropped() -> None:
     coalescer, sender = Coalescer(64), Sender()
     first = await behind_one(coalescer, sender)
     calls = gets(coalescer, sender, names("k", 4))
-    await until(lambda: len(sender.sent) == 2)
+    await loop_until(lambda: len(sender.sent) == 2)
     for call in calls:
         call.cancel()
-    await until(lambda: sender.cancelled == 1)
+    await loop_until(lambda: sender.cancelled == 1)
     sender.open.set()
     assert await first == [("GET", "a")]
     assert all(c.cancelled() for c in calls)
@@ -185,11 +179,13 @@ async def test_calls_cancelled_before_their_batch_is_sent_are_not_sent() -> None
     coalescer, sender = Coalescer(64), Sender()
     first = await behind_one(coalescer, sender)
     calls = gets(coalescer, sender, names("k", 3))
-    await until(lambda: "" in coalescer._gathering and len(coalescer._gathering[""].calls) == 3)
+    await loop_until(
+        lambda: "" in coalescer._gathering and len(coalescer._gathering[""].calls) == 3
+    )
     for call in calls:
         call.cancel()
     later = asyncio.create_task(coalescer.send("", "z", [("GET", "z")], sender))
-    await until(lambda: len(sender.sent) == 2)
+    await loop_until(lambda: len(sender.sent) == 2)
     sender.open.set()
     assert await later == [("GET", "z")]
     await first
@@ -201,7 +197,7 @@ async def test_a_failed_send_fails_each_call_with_its_own_error() -> None:
     coalescer, sender = Coalescer(64), Sender()
     first = await behind_one(coalescer, sender)
     calls = gets(coalescer, sender, names("k", 3))
-    await until(lambda: len(sender.sent) == 2)
+    await loop_until(lambda: len(sender.sent) == 2)
     sender.failure = rex.ConnectionError("the server closed the connection")
     sender.open.set()
     results = await asyncio.gather(first, *calls, return_exceptions=True)
@@ -216,7 +212,7 @@ async def test_closing_fails_the_calls_of_a_batch_in_flight() -> None:
     coalescer, sender = Coalescer(64), Sender()
     first = await behind_one(coalescer, sender)
     calls = gets(coalescer, sender, names("k", 3))
-    await until(lambda: len(sender.sent) == 2)
+    await loop_until(lambda: len(sender.sent) == 2)
     await coalescer.aclose()
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, rex.ConnectionError) for r in results)
