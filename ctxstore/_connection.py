@@ -739,6 +739,10 @@ class Connection:
         give_back = getattr(node, "release", None)
 
         async def release(used: Any) -> None:
+            if client.nodes_manager.nodes_cache.get(node.name) is not node:
+                # A topology read replaced the node while this call ran, and redis-py closed
+                # the connections it held then: this one would stay open, held by nothing.
+                await used.disconnect()
             if give_back is not None:
                 give_back(used)
             else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import json
 import random
 import subprocess
@@ -27,6 +28,7 @@ from conftest import BACKENDS, cluster_or_skip
 from helpers import loop_until, user
 from redis import exceptions as rex
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode
 from servers import PrivateRedis, redis7_binary
 
 from ctxstore import ContextStore, ReplicationError, Settings, StoreError
@@ -589,3 +591,13 @@ async def test_a_session_whose_slot_moved_fails_none_of_its_batch_mates() -> Non
             assert_own_appends(histories, list(results[:120]), sent)
             assert all(len(h) == 11 for h in histories.values())
             assert refreshed  # s0's calls were told MOVED, and read the topology again
+            # No node the topology read replaced holds a connection still open (its sockets
+            # would be held by nothing, and warn when collected).
+            manager = store._connection.client.nodes_manager
+            current = {
+                id(n) for n in [*manager.nodes_cache.values(), *manager.startup_nodes.values()]
+            }
+            replaced = [
+                n for n in gc.get_objects() if isinstance(n, ClusterNode) and id(n) not in current
+            ]
+            assert not [c for n in replaced for c in n._connections if c.is_connected]
