@@ -44,6 +44,7 @@ from ctxstore.errors import (
     InvalidInputError,
     PermissionDeniedError,
     ReplicationError,
+    StoreClosedError,
     StoreError,
     StoreUnavailableError,
 )
@@ -228,11 +229,49 @@ class _Pool(rconn.BlockingConnectionPool):
         clean = self._still_clean(connection)
         self._clean.discard(connection)  # a mark is good for one hand-out
         if not clean:
+            _drop_stale(connection)
             await super().ensure_connection(connection)
 
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        for connection in [*self._available_connections, *self._in_use_connections]:
+            _drop_stale(connection)
+        await super().disconnect(inuse_connections)
+
     def _still_clean(self, connection: Any) -> bool:
-        """Given back clean, still connected, and nothing arrived on it since."""
-        return connection in self._clean and connection.is_connected and _quiet(connection)
+        """Given back clean, still connected on this event loop, and nothing arrived since."""
+        return (
+            connection in self._clean
+            and connection.is_connected
+            and _quiet(connection)
+            and _loop_of(connection) is asyncio.get_running_loop()
+        )
+
+
+def _loop_of(connection: Any) -> asyncio.AbstractEventLoop | None:
+    """The event loop ``connection``'s socket was opened on (None: not connected, or unknown)."""
+    return getattr(getattr(connection, "_reader", None), "_loop", None)
+
+
+def _drop_stale(connection: Any) -> None:
+    """Forget ``connection``'s socket if its event loop has ended; it connects anew when next used.
+
+    An ``asyncio.run`` that ends leaves the pool's idle connections open on a closed
+    loop: redis-py's ``disconnect`` raises ``RuntimeError`` on them, and so would any
+    call. Their sockets are closed here, as that loop cannot (CPython's transport's
+    ``_sock``; without it, the socket is left to the garbage collector).
+    """
+    loop = _loop_of(connection)
+    if loop is None or not loop.is_closed():
+        return
+    transport: Any = getattr(connection._writer, "transport", None)
+    sock = getattr(transport, "_sock", None)
+    if sock is not None:
+        # What the transport's close would do, but on a loop that runs (its finalizer,
+        # and the stream writer's, then have nothing left to warn of).
+        sock.close()
+        transport._sock, transport._closing = None, True
+    connection._parser.on_disconnect()
+    connection._reader = connection._writer = None
 
 
 def _quiet(connection: Any) -> bool:
@@ -373,14 +412,17 @@ FCALL_UNKNOWN_RECHECK_S = 3600.0
 """The same where ``FCALL`` itself was unknown (Redis 6): until the server is upgraded."""
 
 
-class _Topology:
+class _Shared:
     """A client's state shared by every tenant's connection.
 
     A cluster's topology refresh (redis-py's is not safe to run concurrently: one lock
-    per client), and when this version's Functions library was last found missing.
+    per client), when this version's Functions library was last found missing, and how
+    whether the client was closed: a store closed for good, so that no call in flight
+    then, or made later, opens a connection again, which nothing would close.
     """
 
     def __init__(self) -> None:
+        self.closed = False
         self.lock = asyncio.Lock()
         self.read_at = float("-inf")
         # script_mode=auto: scripts go by FCALL from this time on (monotonic seconds), by
@@ -546,7 +588,7 @@ class Connection:
         settings: Settings,
         tenant: str | None = None,
         *,
-        topology: _Topology | None = None,
+        shared: _Shared | None = None,
         deadlines: _Deadlines | None = None,
         coalescer: Coalescer | None = None,
         label: str = "Redis",
@@ -559,7 +601,7 @@ class Connection:
         self._pool: _Pool | None = pool if isinstance(pool, _Pool) else None
         self._settings = settings
         self._tenant = tenant
-        self._topology = topology or _Topology()
+        self._shared = shared or _Shared()
         self._deadlines = deadlines or _Deadlines(settings.operation_timeout)
         self._coalescer = coalescer or Coalescer(settings.coalesce_calls)
         self._label = label
@@ -570,13 +612,17 @@ class Connection:
         """The settings it was made with."""
         return self._settings
 
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called (on this or any tenant's connection of its client)."""
+        return self._shared.closed
+
     def for_tenant(self, tenant: str) -> Connection:
         """The same client and topology state, naming ``tenant`` in errors."""
         return Connection(
             self.client,
             self._settings,
             tenant,
-            topology=self._topology,
+            shared=self._shared,
             deadlines=self._deadlines,
             coalescer=self._coalescer,
             label=self._label,
@@ -599,6 +645,10 @@ class Connection:
         """
         attempt = 0
         deadlines = self._deadlines
+        if self.closed():
+            raise StoreClosedError(
+                "the store is closed", tenant=self._tenant, session=session, key=key
+            )
         while True:
             try:
                 token, task = deadlines.start()
@@ -619,7 +669,14 @@ class Connection:
                 ) from exc
             except TRANSIENT as exc:
                 attempt += 1
-                if attempt > self._settings.retry_attempts:
+                if self.closed():
+                    raise StoreClosedError(
+                        f"the store was closed during the call ({_scrub(str(exc))})",
+                        tenant=self._tenant,
+                        session=session,
+                        key=key,
+                    ) from exc
+                if not await self._wait_to_retry(exc, attempt):
                     raise translate(
                         exc,
                         tenant=self._tenant,
@@ -628,21 +685,29 @@ class Connection:
                         attempts=attempt,
                         label=self._label,
                     ) from exc
-                delay = random.uniform(
-                    0,
-                    min(
-                        self._settings.retry_max_delay,
-                        self._settings.retry_base_delay * 2 ** (attempt - 1),
-                    ),
-                )
-                log.debug("retrying after %r (attempt %d, %.3fs)", exc, attempt, delay)
-                await asyncio.sleep(delay)
-                if self.cluster and isinstance(exc, _TOPOLOGY):
-                    await self._refresh_topology()
             except rex.RedisError as exc:
                 raise translate(
                     exc, tenant=self._tenant, session=session, key=key, label=self._label
                 ) from exc
+
+    async def _wait_to_retry(self, exc: Exception, attempt: int) -> bool:
+        """Wait out ``attempt``'s backoff; whether to try again (not once the store closed)."""
+        if attempt > self._settings.retry_attempts:
+            return False
+        delay = random.uniform(
+            0,
+            min(
+                self._settings.retry_max_delay,
+                self._settings.retry_base_delay * 2 ** (attempt - 1),
+            ),
+        )
+        log.debug("retrying after %r (attempt %d, %.3fs)", exc, attempt, delay)
+        await asyncio.sleep(delay)
+        if self.closed():  # while it waited
+            return False
+        if self.cluster and isinstance(exc, _TOPOLOGY):
+            await self._refresh_topology()
+        return True
 
     async def node_call(
         self, key: str, commands: Commands, *, transaction: bool = False
@@ -697,6 +762,8 @@ class Connection:
         """
         conn, release = await self._acquire(key)
         try:
+            if self.closed():  # while it waited for the connection
+                raise rex.ConnectionError("not sent")
             if callable(commands):
                 commands = commands()
             if not commands:
@@ -708,7 +775,11 @@ class Connection:
             await conn.disconnect()
             raise
         else:
-            if self._pool is not None:
+            if self.closed():
+                # While this call was on it: the close may have come before the
+                # connection was made, so nothing else would close it.
+                await conn.disconnect()
+            elif self._pool is not None:
                 self._pool.mark_clean(conn)
         finally:
             await release(conn)
@@ -757,11 +828,11 @@ class Connection:
         and one for every task that failed while it ran.
         """
         started = asyncio.get_running_loop().time()
-        async with self._topology.lock:
-            if self._topology.read_at >= started:
+        async with self._shared.lock:
+            if self._shared.read_at >= started:
                 return  # another task read it while this one waited
             await self._read_topology()
-            self._topology.read_at = asyncio.get_running_loop().time()
+            self._shared.read_at = asyncio.get_running_loop().time()
 
     async def _read_topology(self) -> None:
         manager = cast(RedisCluster, self.client).nodes_manager
@@ -875,13 +946,13 @@ class Connection:
             raise ValueError("commands after a script share its connection: standalone only")
         wait = [("WAIT", replicas, self._settings.replica_ack_timeout_ms)] if replicas else []
         mode = self._settings.script_mode
-        topology = self._topology
+        shared = self._shared
         delivered = False  # the commands after the script went in an earlier attempt's trip
 
         async def op() -> Any:
             nonlocal delivered
             argv = args() if callable(args) else args
-            functions = mode == "functions" or (mode == "auto" and topology.fcall_due())
+            functions = mode == "functions" or (mode == "auto" and shared.fcall_due())
             call = (
                 ("FCALL", script.function, len(keys), *keys, *argv)
                 if functions
@@ -963,17 +1034,17 @@ class Connection:
             ConfigurationError: This Redis user may not run ``EVALSHA`` either (a tenant's
                 own, where the library is not loaded).
         """
-        topology = self._topology
+        shared = self._shared
         fcall, evalsha = calls
         recheck = None  # seconds until FCALL is tried again; None: as it was
         if why == "missing" and self._embedded:
-            if not topology.functions_loading:
-                topology.functions_loading = True
+            if not shared.functions_loading:
+                shared.functions_loading = True
                 try:
                     load = ("FUNCTION", "LOAD", "REPLACE", library())
                     replies = await self.node_call(key, [load, fcall, *wait])
                 finally:
-                    topology.functions_loading = False
+                    shared.functions_loading = False
                 if not isinstance(replies[0], Exception):
                     log.debug(
                         "loaded the ctxstore functions (%s) on the embedded Redis", LIBRARY_NAME
@@ -989,10 +1060,10 @@ class Connection:
             )
             recheck = FCALL_UNKNOWN_RECHECK_S if why == "unknown" else FUNCTIONS_RECHECK_S
         if recheck is not None:
-            topology.fcall_from = time.monotonic() + recheck
+            shared.fcall_from = time.monotonic() + recheck
         replies = await self.node_call(key, [evalsha, *wait])
         if "no permissions to run the 'evalsha' command" in str(replies[0]).lower():
-            topology.fcall_from = float("-inf")  # FCALL again, once it is loaded
+            shared.fcall_from = float("-inf")  # FCALL again, once it is loaded
             raise ConfigurationError(
                 f"this Redis user may run the ctxstore scripts neither by FCALL ({refused}) "
                 "nor by EVALSHA: an operator runs `ctxstore functions load`, or grants the "
@@ -1101,7 +1172,13 @@ class Connection:
         return results
 
     async def aclose(self) -> None:
-        """Close the client's connections."""
+        """Close the client's connections.
+
+        For good: a call in flight then, or made later, fails with
+        :class:`StoreClosedError` (a call in flight is not retried), and leaves no
+        connection open.
+        """
+        self._shared.closed = True
         self._deadlines.close()
         await self._coalescer.aclose()
         await cast(Any, self.client).aclose()

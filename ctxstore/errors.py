@@ -348,6 +348,10 @@ class StoreUnavailableError(StoreError):
     """Redis could not be reached, or did not answer, in the time allowed."""
 
 
+class StoreClosedError(StoreUnavailableError):
+    """The store was closed (:meth:`ContextStore.aclose`): a call made on it, or in flight then."""
+
+
 class PermissionDeniedError(StoreError):
     """The Redis user may not run this command or touch this key (its ACL refused it)."""
 

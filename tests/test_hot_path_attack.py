@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from servers import PrivateRedis
 
 from ctxstore import ContextStore, RequestView, Settings, _connection
-from ctxstore.errors import StoreUnavailableError
+from ctxstore.errors import StoreClosedError, StoreUnavailableError
 
 
 def connection_to(
@@ -195,19 +195,18 @@ async def test_a_stalled_server_with_retries_fails_every_call_in_bounded_time(
     await connection.aclose()
 
 
-async def test_a_connection_used_after_aclose_keeps_its_deadlines(private: PrivateRedis) -> None:
-    connection = connection_to(private.url(), 0.2)
+async def test_a_connection_used_after_aclose_refuses_at_once(private: PrivateRedis) -> None:
+    """Closed for good: a call made after aclose fails at once, untried, opening no connection."""
+    connection = connection_to(private.url(), 0.2, attempts=3)
     assert await ping(connection) == [b"PONG"]
     await connection.aclose()
-    assert await ping(connection) == [b"PONG"]
-    private.pause()
-    try:
-        with pytest.raises(StoreUnavailableError):
-            async with asyncio.timeout(5):
-                await ping(connection)
-    finally:
-        private.resume()
-    await connection.aclose()
+    pool = connection._pool
+    assert pool is not None
+    with pytest.raises(StoreClosedError, match="the store is closed"):
+        await ping(connection)
+    held = [*pool._available_connections, *pool._in_use_connections]
+    assert not any(held_one.is_connected for held_one in held)
+    assert idle(connection)  # no deadline was started for it
 
 
 async def test_aclose_with_a_stalled_call_in_flight_ends_that_call(private: PrivateRedis) -> None:

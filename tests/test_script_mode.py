@@ -68,7 +68,7 @@ async def test_without_the_library_one_fcall_fails_then_evalsha_until_the_rechec
         assert [r.seq for r in results] == [1, 2, 3, 4, 5]
         assert not any(r.duplicate for r in results)
         # FUNCTIONS_RECHECK_S later (the clock's stand-in: when FCALL is tried again).
-        store._connection._topology.fcall_from -= FUNCTIONS_RECHECK_S
+        store._connection._shared.fcall_from -= FUNCTIONS_RECHECK_S
         async with Monitor(server.port) as monitor:
             await store.append("s", turn(5))
             await store.append("s", turn(6))
@@ -84,7 +84,7 @@ async def test_a_library_loaded_later_is_taken_up_at_the_recheck(server: Private
         await load(server.url())
         async with Monitor(server.port) as monitor:
             await store.append("s", turn(1))
-            store._connection._topology.fcall_from -= FUNCTIONS_RECHECK_S
+            store._connection._shared.fcall_from -= FUNCTIONS_RECHECK_S
             await store.append("s", turn(2))
             await store.append("s", turn(3))
             logged = await monitor.drain()
@@ -178,7 +178,7 @@ async def test_the_embedded_redis_is_given_the_library_where_it_has_functions(
         async with ContextStore.from_settings(config, tenant="acme") as store:
             first = await store.append("s", turn(0))
             url = config.store_url()
-            topology = store._connection._topology
+            topology = store._connection._shared
         # Redis 7: FCALL from now on. Redis 6: EVALSHA, FCALL again only in an hour.
         assert topology.fcall_due() is (major == 7)
         assert (topology.fcall_from - time.monotonic() > FUNCTIONS_RECHECK_S) is (major == 6)
@@ -234,7 +234,7 @@ async def test_a_full_redis_still_deletes_in_auto_as_by_evalsha(
                 await admin.config_set("maxmemory", 0)
             assert (await store.info("gone")).exists is False
             assert (await store.info("kept")).count == 3
-            assert store._connection._topology.fcall_due()  # auto: FCALL again at once
+            assert store._connection._shared.fcall_due()  # auto: FCALL again at once
     finally:
         await admin.aclose()
 

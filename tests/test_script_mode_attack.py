@@ -214,7 +214,7 @@ async def test_a_lost_reply_of_the_evalsha_fallback_is_answered_with_the_appende
         admin_of(server.url()) as admin,
     ):
         await store.append("s", turn(0))  # the session exists, the script is cached
-        store._connection._topology.fcall_from = float("-inf")  # FCALL again
+        store._connection._shared.fcall_from = float("-inf")  # FCALL again
         applied: dict[str, Any] = {}
         sent: list[str] = []
         real = store._connection.node_call
@@ -323,7 +323,7 @@ async def test_commands_after_a_refused_fcall_are_sent_once(
         if not cached:
             async with admin_of(server.url()) as admin:
                 await admin.script_flush()
-        store._connection._topology.fcall_from = float("-inf")
+        store._connection._shared.fcall_from = float("-inf")
         async with Monitor(server.port) as monitor:
             await store.append("s", turn(1))
             logged = await monitor.drain()
@@ -341,12 +341,12 @@ async def test_commands_after_a_script_on_redis_6_are_sent_once() -> None:
         config = settings_for(server.url(), index_interval=0.0)
         async with ContextStore.from_settings(config, tenant="acme") as store:
             await store.append("s", turn(0))
-            store._connection._topology.fcall_from = float("-inf")
+            store._connection._shared.fcall_from = float("-inf")
             async with Monitor(server.port) as monitor:
                 await store.append("s", turn(1))
                 await store.append("s", turn(2))
                 logged = await monitor.drain()
-            topology = store._connection._topology
+            topology = store._connection._shared
             assert topology.fcall_from - time.monotonic() > FUNCTIONS_RECHECK_S  # an hour
             assert not topology.fcall_due()
             assert await contents(store, "s") == [turn(i)["content"] for i in range(3)]
@@ -362,7 +362,7 @@ async def test_commands_after_a_refused_fcall_are_not_sent_again_when_the_fallba
     config = settings_for(server.url(), index_interval=0.0)
     async with ContextStore.from_settings(config, tenant="acme") as store:
         await store.append("s", turn(0))
-        store._connection._topology.fcall_from = float("-inf")
+        store._connection._shared.fcall_from = float("-inf")
         real = store._connection.node_call
         failed: list[bool] = []
 
@@ -516,7 +516,7 @@ async def test_fifty_first_appends_on_the_embedded_redis_race_its_load_and_are_s
             async with asyncio.timeout(60):  # fewer than 10 FCALLs would hold them for ever
                 results = await asyncio.gather(*(store.append(s, message(s, i)) for s, i in calls))
             stored = {s: await contents(store, s) for s in sessions}
-            fcall_from = store._connection._topology.fcall_from
+            fcall_from = store._connection._shared.fcall_from
         async with admin_of(config.store_url()) as admin:
             stats = await admin.info("commandstats")
     finally:
