@@ -37,7 +37,7 @@ from redis.asyncio import connection as rconn
 from ctxstore._coalescer import Coalescer
 from ctxstore._coalescer import Commands as CoalescedCommands
 from ctxstore._codec import raw_pairs, text
-from ctxstore._scripts import LIBRARY_NAME, Script, library
+from ctxstore._scripts import LIBRARY_NAME, SCRIPTS, Script, library
 from ctxstore.errors import (
     ConfigurationError,
     CtxstoreError,
@@ -46,6 +46,7 @@ from ctxstore.errors import (
     ReplicationError,
     StoreClosedError,
     StoreError,
+    StoreFullError,
     StoreUnavailableError,
 )
 from ctxstore.settings import Settings
@@ -91,6 +92,17 @@ TRANSIENT: tuple[type[Exception], ...] = (
     rex.RedisClusterException,  # no node of the cluster could be reached
     OSError,
 )
+_READS = frozenset(
+    {
+        *("GET", "MGET", "STRLEN", "EXISTS", "PTTL", "TTL", "TYPE", "TIME"),
+        *("HGET", "HMGET", "HGETALL", "HLEN", "HEXISTS", "HKEYS", "HVALS", "HSTRLEN"),
+        *("XRANGE", "XREVRANGE", "XLEN", "LRANGE", "LLEN", "SMEMBERS", "SISMEMBER", "SCARD"),
+        *("ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZREVRANGEBYSCORE", "ZSCORE", "ZMSCORE"),
+        *("ZCARD", "ZCOUNT", "ZRANK"),
+    }
+)
+"""Commands a transaction of reads may hold: on a full Redis, they run as one script."""
+
 _TOPOLOGY = (rex.MovedError, rex.AskError, rex.ReadOnlyError, rex.ConnectionError, OSError)
 
 
@@ -493,6 +505,8 @@ def translate(
         return PermissionDeniedError(f"the {label} user may not do this: {exc_text}", **where)
     if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
         return PermissionDeniedError(f"{label} refused the credentials: {exc_text}", **where)
+    if isinstance(exc, rex.OutOfMemoryError):
+        return StoreFullError(f"{label} is full, and refuses writes: {exc_text}", **where)
     if isinstance(exc, TRANSIENT):
         return StoreUnavailableError(
             f"{label} unavailable after {attempts} attempts: {exc_text}", **where
@@ -898,15 +912,39 @@ class Connection:
         Retried as every call is; a refused command raises.
         """
         slot_key = key if key is not None else str(commands[0][1])
+        full = False  # a Redis past maxmemory refused the transaction's reads
 
         async def op() -> list[Any]:
-            replies = await self.node_call(slot_key, commands, transaction=atomic)
+            nonlocal full
+            try:
+                replies = await self.node_call(slot_key, commands, transaction=atomic)
+            except rex.OutOfMemoryError:
+                if not atomic or not all(str(command[0]).upper() in _READS for command in commands):
+                    raise
+                full = True
+                return []
             for reply in replies:  # a transaction's refusals are raised by node_call
                 if isinstance(reply, Exception):
                     raise reply
             return replies
 
-        return await self.call(op, session=session, key=slot_key)
+        replies = await self.call(op, session=session, key=slot_key)
+        if not full:
+            return replies
+        # The same reads in one script, which a full Redis runs (scripts/read.lua).
+        keys = {slot_key: None}
+        for command in commands:
+            name = str(command[0]).upper()
+            read = (
+                command[1:]
+                if name in ("MGET", "EXISTS")
+                else command[1:2]
+                if name != "TIME"
+                else ()
+            )
+            keys.update(dict.fromkeys(str(key) for key in read))
+        words = [word for command in commands for word in (len(command), *command)]
+        return list(await self.script(SCRIPTS.read, tuple(keys), tuple(words), session=session))
 
     async def script(
         self,

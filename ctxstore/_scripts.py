@@ -45,6 +45,7 @@ NAMES = (
     "pin",
     "pop",
     "ratio",
+    "read",
     "reserve",
     "rewind",
     "rewrite",
@@ -57,6 +58,9 @@ NAMES = (
     "unlist",
 )
 """Every script, by file name (without ``.lua``)."""
+
+READ_ONLY = frozenset({"read"})
+"""The scripts registered ``no-writes`` in the library: Redis runs them when it is full."""
 
 
 def _read(name: str) -> bytes:
@@ -150,7 +154,13 @@ def library() -> str:
     parts = [f"#!lua name={LIBRARY_NAME}\n", _LIB.decode()]
     for name, body in _BODIES.items():
         parts.append(f"\nlocal function script_{name}(KEYS, ARGV)\n{body.decode()}\nend\n")
-        parts.append(f"redis.register_function('{LIBRARY_NAME}_{name}', script_{name})\n")
+        if name in READ_ONLY:
+            parts.append(
+                f"redis.register_function{{function_name='{LIBRARY_NAME}_{name}', "
+                f"callback=script_{name}, flags={{'no-writes'}}}}\n"
+            )
+        else:
+            parts.append(f"redis.register_function('{LIBRARY_NAME}_{name}', script_{name})\n")
     return "".join(parts)
 
 
@@ -177,6 +187,7 @@ class _Scripts:
     pin: Script
     pop: Script
     ratio: Script
+    read: Script
     reserve: Script
     rewind: Script
     rewrite: Script

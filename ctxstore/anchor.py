@@ -54,7 +54,7 @@ from ctxstore._scope import Memo, Scope
 from ctxstore._scripts import SCRIPTS
 from ctxstore._warm_views import WarmViews, _Warm, ahead_size, held_size
 from ctxstore.budget import Budget
-from ctxstore.errors import EpochChangedError
+from ctxstore.errors import EpochChangedError, StoreFullError
 from ctxstore.lineage import Chain, Lineage, Row
 from ctxstore.models import RequestView, ViewStats
 from ctxstore.tokens import count_message
@@ -99,6 +99,7 @@ class Snapshot:
     own: int = 0  # of which this pod appended (not read from Redis), the first ones
     held_size: int | None = None  # the bytes of that copy
     last_id: bytes | None = None  # the newest entry when a cold read was made
+    unanchored: bool = False  # planned on an anchor a full Redis would not keep
 
 
 class Viewer:
@@ -147,10 +148,12 @@ class Viewer:
                 continue  # a fork froze the log, or a rewrite came between the reads
             if plan is None:
                 continue  # the history changed under the step: read again
-            if not snap.warm:  # a warm pod's next view reads only what is new
-                self._guess_next_read(session, size, snap, plan)
-            self._starts.put((session, size), snap.anchor.start if snap.anchor else "")
-            kept = self._keep_warm(session, size, snap, plan)
+            kept = False
+            if not snap.unanchored:
+                if not snap.warm:  # a warm pod's next view reads only what is new
+                    self._guess_next_read(session, size, snap, plan)
+                self._starts.put((session, size), snap.anchor.start if snap.anchor else "")
+                kept = self._keep_warm(session, size, snap, plan)
             result = self._result(plan, snap, budget)
             if kept and plan.growth is not None:  # the next view may grow it: copy it meanwhile
                 asyncio.get_running_loop().call_soon(_make_ready, plan)
@@ -281,19 +284,25 @@ class Viewer:
         if plan is None or new is None:
             return plan
         value, body = codec.anchor_value(session, new, self._scope.wall_ms())
-        reply = await connection.script(
-            SCRIPTS.anchor,
-            (keys.anchor, keys.meta),
-            (
-                size,
-                snap.anchor.stamp if snap.anchor else "",
-                value,
-                body,
-                snap.epoch,
-                self._scope.settings.view_max_anchors,
-            ),
-            session=session,
-        )
+        try:
+            reply = await connection.script(
+                SCRIPTS.anchor,
+                (keys.anchor, keys.meta),
+                (
+                    size,
+                    snap.anchor.stamp if snap.anchor else "",
+                    value,
+                    body,
+                    snap.epoch,
+                    self._scope.settings.view_max_anchors,
+                ),
+                session=session,
+            )
+        except StoreFullError:
+            # A full Redis keeps no new anchor: the view is sent as planned, kept by no
+            # pod, and the next one plans again (the same, while nothing is appended).
+            snap.unanchored = True
+            return plan
         status = text(reply[0])
         if status == Reply.OK:
             snap.anchor, snap.anchor_raw = new, value.encode()

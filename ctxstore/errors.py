@@ -348,6 +348,14 @@ class StoreUnavailableError(StoreError):
     """Redis could not be reached, or did not answer, in the time allowed."""
 
 
+class StoreFullError(StoreError):
+    """Redis is past its ``maxmemory`` and evicts nothing (``noeviction``).
+
+    It refuses writes until memory is freed (a session deleted, a TTL run out,
+    ``maxmemory`` raised); reads and views still answer.
+    """
+
+
 class StoreClosedError(StoreUnavailableError):
     """The store was closed (:meth:`ContextStore.aclose`): a call made on it, or in flight then."""
 

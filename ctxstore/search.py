@@ -42,7 +42,12 @@ from ctxstore._keys import SessionKeys
 from ctxstore._scope import Scope
 from ctxstore._scripts import SCRIPTS
 from ctxstore._validate import check_int
-from ctxstore.errors import CorruptEntryError, EpochChangedError, InvalidInputError
+from ctxstore.errors import (
+    CorruptEntryError,
+    EpochChangedError,
+    InvalidInputError,
+    StoreFullError,
+)
 from ctxstore.lineage import Chain, Row
 from ctxstore.reads import Reader
 
@@ -335,7 +340,12 @@ class Searcher:
                 behind = (epoch, life), header, index[1:], added
             else:
                 behind = None
-            more = await self._catch_up(session, keys, epoch, life, header)
+            try:
+                more = await self._catch_up(session, keys, epoch, life, header)
+            except StoreFullError:
+                if behind is None:
+                    raise
+                return behind  # a full Redis takes no more of the index: answer from it
             if behind is not None and more == 0:
                 # Nothing after the cursor (the counter's last id is ahead of
                 # the stream, say): the index is as current as the stream.

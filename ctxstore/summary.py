@@ -22,7 +22,7 @@ from ctxstore._codec import Entry, Meta, Reply, current_covers, summary_message,
 from ctxstore._formats import earliest_callers
 from ctxstore._scope import Scope
 from ctxstore._scripts import SCRIPTS
-from ctxstore.errors import SummarizerError
+from ctxstore.errors import StoreFullError, SummarizerError
 from ctxstore.lease import Lease, clock_arg, take_lease
 from ctxstore.models import Summary, SummaryOutcome, SummaryStatus
 from ctxstore.tokens import count_message
@@ -223,7 +223,10 @@ class Summaries:
         keep = keep_tokens(settings, (budget,))
         if snap.unsummarized - keep < pressure:
             return
-        generation = await self.request(session)
+        try:
+            generation = await self.request(session)
+        except StoreFullError:
+            return  # a full Redis records no request: a later view asks again
         if generation:
             await self._handoff.due(self._scope.tenant, session, generation)
 

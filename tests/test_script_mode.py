@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import cluster_or_skip
 from helpers import turn
 from redis import exceptions as rex
 from redis.asyncio import Redis
@@ -265,3 +266,109 @@ async def test_commands_after_a_script_go_again_when_their_trip_was_refused(
         result = await store.append("s", turn(1))
     assert result.seq == 2
     assert trips[:2] == [["EVALSHA", "ZADD"], ["EVALSHA", "ZADD"]]
+
+
+def _tool_exchange(i: int) -> list[dict[str, Any]]:
+    """An assistant's tool call and its result."""
+    call = {"id": f"call{i}", "type": "function", "function": {"name": "grep", "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call{i}", "content": f"found {i} " * 20},
+    ]
+
+
+async def _what_a_reader_sees(store: ContextStore, session: str) -> dict[str, Any]:
+    """Every read a pod serving ``session`` makes, as plain data."""
+    view = await store.view(session, token_budget=600)
+    info = await store.info(session)
+    page = await store.read(session, limit=7)
+    tail = await store.tail(session, 5)
+    return {
+        "messages": await store.get_messages(session),
+        "view": [view.messages, view.stats.tokens, view.stats.dropped],
+        "info": [info.count, info.tokens, info.epoch, info.pinned],
+        "page": [m.entry_id for m in page.messages],
+        "tail": [m.message for m in tail],
+        "entry": (await store.get_entry(session, tail[0].entry_id)).message,  # type: ignore[union-attr]
+        "checkpoints": [(c.checkpoint_id, c.name) for c in await store.checkpoints(session)],
+        "sessions": sorted(s.session for s in await store.list_sessions()),
+    }
+
+
+async def _reads_on_a_full_redis(config: Settings, nodes: list[Redis]) -> None:
+    """A session written, read cold, then read again (cold, then warm) once ``nodes`` are full.
+
+    Redis refuses every command queued in MULTI when it is full, reads too: a
+    transaction of reads goes again as one script that only reads, which it runs.
+    """
+    try:
+        async with ContextStore.from_settings(config, tenant="acme") as store:
+            await store.append("s", {"role": "system", "content": "You are terse."})
+            for i in range(40):
+                await store.append("s", turn(i))
+                if i % 10 == 3:
+                    await store.append_many("s", _tool_exchange(i))
+            pinned = await store.append("s", {"role": "user", "content": "the code is 7413"})
+            await store.pin("s", pinned.entry_id)
+            await store.checkpoint("s", "before the fill")
+            indexed = [hit.entry_id for hit in await store.search("s", "lazy dog turn 7")]
+            await store.append("s", {"role": "user", "content": "not indexed: lazy dog turn 7"})
+            await store.append("other", turn(0))
+            await store.append_many("fresh", [turn(i) for i in range(40)])
+        async with ContextStore.from_settings(config, tenant="acme") as store:
+            before = await _what_a_reader_sees(store, "s")
+        for node in nodes:
+            await node.config_set("maxmemory-policy", "noeviction")
+            await node.config_set("maxmemory", 1)
+        try:
+            async with ContextStore.from_settings(config, tenant="acme") as store:
+                with pytest.raises(StoreError, match="maxmemory"):
+                    await store.append("s", turn(99))  # it is full
+                assert await _what_a_reader_sees(store, "s") == before
+                assert await _what_a_reader_sees(store, "s") == before  # warm, too
+                # A session no view read yet: the view is planned, its anchor not kept,
+                # and no summary request is recorded (the session is past its pressure).
+                unanchored = await store.view("fresh", token_budget=450)
+                hits = await store.search("s", "lazy dog turn 7")  # on the index so far
+        finally:
+            for node in nodes:
+                await node.config_set("maxmemory", 0)
+        assert len(before["view"][0]) < len(before["messages"])  # the view was cut
+        assert [hit.entry_id for hit in hits] == indexed
+        async with ContextStore.from_settings(config, tenant="acme") as store:
+            assert not (await store.info("fresh")).summary_due
+            anchored = await store.view("fresh", token_budget=450)
+            assert anchored.messages == unanchored.messages
+            assert anchored.stats.dropped > 0
+            assert (await store.info("fresh")).summary_due  # the request this view made
+    finally:
+        for node in nodes:
+            await node.aclose()
+
+
+@pytest.mark.parametrize("mode", ["auto", "eval", "functions"])
+async def test_a_full_redis_still_serves_every_read(server: PrivateRedis, mode: str) -> None:
+    """Past maxmemory (noeviction), reads and views still answer, as they did before it filled.
+
+    Each store reads cold (a new store), so nothing comes from a pod's copies; then warm.
+    """
+    await load(server.url())
+    config = settings_for(server.url(), script_mode=mode, summary_trigger_tokens=100_000)
+    await _reads_on_a_full_redis(config, [Redis.from_url(server.url())])
+
+
+@pytest.mark.parametrize("mode", ["eval", "functions"])
+async def test_a_full_cluster_still_serves_every_read(server: PrivateRedis, mode: str) -> None:
+    """The same on a Redis Cluster, each primary full: the script reads its slot's keys."""
+    with cluster_or_skip(replicas=0) as cluster:
+        config = settings_for(
+            cluster.url,
+            redis_cluster=True,
+            queue_url=server.url(),
+            script_mode=mode,
+            summary_trigger_tokens=100_000,
+        )
+        async with ContextStore.from_settings(config, tenant="ops") as loader:
+            await loader._connection.load_functions()
+        nodes = [Redis(port=port) for port in cluster.ports]
+        await _reads_on_a_full_redis(config, nodes)

@@ -150,6 +150,14 @@ async def workload(url: str, mode: str = "eval") -> None:
         await store.clear("s")
         await store.set_ttl("s", 100)
         await store.append_many("t", conversation(3))
+        raw = Redis.from_url(url)  # full (noeviction): a transaction of reads goes by script
+        try:
+            await raw.config_set("maxmemory-policy", "noeviction")
+            await raw.config_set("maxmemory", 1)
+            assert len(await store.get_messages("t")) == len(conversation(3))
+        finally:
+            await raw.config_set("maxmemory", 0)
+            await raw.aclose()
         await store.delete("t")
         await store.forget_tenant()
     assert queued  # the trigger fired
