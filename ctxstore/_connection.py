@@ -160,6 +160,7 @@ class _Pool(rconn.BlockingConnectionPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.closed = False  # its store was closed (Connection.aclose): nothing is connected
         self._clean: weakref.WeakSet[Any] = weakref.WeakSet()
         self._wakers: set[asyncio.Task[None]] = set()
         # take_idle works on redis-py's (and asyncio's) internals: without them, it never does.
@@ -237,7 +238,22 @@ class _Pool(rconn.BlockingConnectionPool):
             return
         await self.release(connection)
 
+    def on_this_loop(self) -> None:
+        """Make the pool's waiting primitives anew if an event loop that has ended bound them.
+
+        asyncio binds a Condition or Lock to the loop of its first contended use: a
+        store used under a second ``asyncio.run`` would fail every call that waits.
+        """
+        loop = asyncio.get_running_loop()
+        for name, make in (("_condition", asyncio.Condition), ("_lock", asyncio.Lock)):
+            held = getattr(self, name, None)
+            bound = getattr(held, "_loop", None)
+            if bound is not None and bound is not loop and bound.is_closed():
+                setattr(self, name, make())
+
     async def ensure_connection(self, connection: Any) -> None:
+        if self.closed:  # a call that waited for this connection: it is not opened again
+            raise rex.ConnectionError("not sent")
         clean = self._still_clean(connection)
         self._clean.discard(connection)  # a mark is good for one hand-out
         if not clean:
@@ -505,7 +521,9 @@ def translate(
         return PermissionDeniedError(f"the {label} user may not do this: {exc_text}", **where)
     if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
         return PermissionDeniedError(f"{label} refused the credentials: {exc_text}", **where)
-    if isinstance(exc, rex.OutOfMemoryError):
+    if isinstance(exc, rex.OutOfMemoryError) or (
+        isinstance(exc, rex.ResponseError) and "-OOM " in str(exc)  # Redis 6: in a script's error
+    ):
         return StoreFullError(f"{label} is full, and refuses writes: {exc_text}", **where)
     if isinstance(exc, TRANSIENT):
         return StoreUnavailableError(
@@ -801,13 +819,19 @@ class Connection:
 
     async def _acquire(self, key: str) -> tuple[Any, Callable[[Any], Awaitable[None]]]:
         """A connection to the node owning ``key``, and how to give it back."""
+        if self.closed():  # nothing is opened again (a cluster client would read its slots)
+            raise rex.ConnectionError("not sent")
         if not self.cluster:
             pool = self.client.connection_pool
             ours = self._pool  # None: a caller's own client, whose pool is redis-py's
             try:
-                conn = (ours.take_idle() if ours is not None else None) or await (
-                    pool.get_connection("_") if _POOL_WANTS_A_NAME else pool.get_connection()
-                )
+                conn = ours.take_idle() if ours is not None else None
+                if conn is None:
+                    if ours is not None:
+                        ours.on_this_loop()
+                    conn = await (
+                        pool.get_connection("_") if _POOL_WANTS_A_NAME else pool.get_connection()
+                    )
             except asyncio.CancelledError:
                 if ours is not None:
                     ours.wake_next()
@@ -820,6 +844,7 @@ class Connection:
         if node is None:
             raise rex.ConnectionError(f"no node serves the slot of {key}")
         conn = node.acquire_connection()
+        _drop_stale(conn)  # opened under an event loop that has ended: connect anew
 
         give_back = getattr(node, "release", None)
 
@@ -1042,7 +1067,11 @@ class Connection:
         async def op() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             queue(pipe)
-            return cast(list[Any], await pipe.execute())
+            try:
+                return cast(list[Any], await pipe.execute())
+            finally:
+                if self.closed():  # redis-py's pipeline may have connected after the close
+                    await cast(Any, self.client).aclose()
 
         return await self.call(op, session=session, key=key)
 
@@ -1217,6 +1246,13 @@ class Connection:
         connection open.
         """
         self._shared.closed = True
+        if self._pool is not None:
+            self._pool.closed = True
         self._deadlines.close()
         await self._coalescer.aclose()
+        if self.cluster:  # an ended event loop's connections: closed here, as the pool's are
+            manager = cast(RedisCluster, self.client).nodes_manager
+            for node in [*manager.nodes_cache.values(), *manager.startup_nodes.values()]:
+                for conn in getattr(node, "_connections", ()):
+                    _drop_stale(conn)
         await cast(Any, self.client).aclose()

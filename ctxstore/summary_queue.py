@@ -41,7 +41,7 @@ from typing import Any
 from ctxstore._codec import text
 from ctxstore._connection import Connection, make_client
 from ctxstore._scripts import SCRIPTS
-from ctxstore.errors import CtxstoreError, PermissionDeniedError
+from ctxstore.errors import CtxstoreError, PermissionDeniedError, StoreClosedError
 from ctxstore.settings import Settings, sentinel_address
 from ctxstore.tracing import enqueue_span
 
@@ -331,17 +331,29 @@ class Handoff:
         self._opening = asyncio.Lock()
         self._denied = False
         self._retry_at_ms = 0
+        self._closed = False  # closed with its store: the queue is not opened again
+
+    def closed(self) -> bool:
+        """Whether it was closed (with its store)."""
+        return self._closed
 
     async def queue(self) -> SummaryQueue:
         """The settings' queue, opened on first use.
 
         Raises:
             StoreUnavailableError: It cannot be reached in time.
+            StoreClosedError: The store was closed.
         """
         if self._queue is None:
             async with self._opening:  # calls at once open one queue, not one each
-                if self._queue is None:
-                    self._queue = await SummaryQueue.connect(self.settings)
+                if self._queue is None and not self._closed:
+                    queue = await SummaryQueue.connect(self.settings)
+                    if self.closed():  # while it opened
+                        await queue.aclose()
+                    else:
+                        self._queue = queue
+        if self._queue is None:
+            raise StoreClosedError("the store is closed")
         return self._queue
 
     async def due(self, tenant: str, session: str, generation: int) -> None:
@@ -357,8 +369,8 @@ class Handoff:
                     generation,
                 )
             return
-        if self._denied or self._now_ms() < self._retry_at_ms:
-            return
+        if self._denied or self._closed or self._now_ms() < self._retry_at_ms:
+            return  # the sweep will queue it
         try:
             queue = await self.queue()
             if not await queue.enqueue(tenant, session, generation):
@@ -385,7 +397,8 @@ class Handoff:
         await (await self.queue()).forget(tenant, session, generation)
 
     async def aclose(self) -> None:
-        """Close the queue's pool, if one was opened."""
+        """Close the queue's pool, if one was opened; it is not opened again."""
+        self._closed = True
         if self._queue is not None:
             queue, self._queue = self._queue, None
             await queue.aclose()

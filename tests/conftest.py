@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis, RedisCluster
@@ -101,6 +102,16 @@ def cluster_or_skip(**shape: int) -> Iterator[Cluster]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    """A data directory of this test's own; the embedded server started in it is stopped after."""
+    directory = tmp_path / "data"
+    try:
+        yield directory
+    finally:
+        stop_embedded(directory)
 
 
 @pytest.fixture(scope="session")

@@ -6,26 +6,14 @@ import io
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from ctxstore.demo import _Progress, agent_turns
-from ctxstore.embedded import stop_embedded
 
 ANNOUNCEMENT = "ctxstore: no CTXSTORE_REDIS_URL; using the embedded Redis in"
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    """A data directory of this test's own; the server started in it is stopped after."""
-    directory = tmp_path / "data"
-    try:
-        yield directory
-    finally:
-        stop_embedded(directory)
 
 
 def test_the_demo_finishes_every_summary_job_and_says_what_it_does(data_dir: Path) -> None:

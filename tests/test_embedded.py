@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -93,16 +93,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    """A data directory of this test's own; the server started in it is stopped after."""
-    directory = tmp_path / "data"
-    try:
-        yield directory
-    finally:
-        stop_embedded(directory)
 
 
 def python(
