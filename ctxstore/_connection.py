@@ -103,6 +103,19 @@ _READS = frozenset(
 )
 """Commands a transaction of reads may hold: on a full Redis, they run as one script."""
 
+
+def _keys_of(command: Sequence[Any]) -> list[str]:
+    """The keys a command of :data:`_READS` reads."""
+    name = str(command[0]).upper()
+    if name == "TIME":
+        return []
+    return [str(key) for key in (command[1:] if name in ("MGET", "EXISTS") else command[1:2])]
+
+
+_FREES = frozenset({"DEL", "UNLINK", "HDEL", "ZREM", "SREM", "XDEL", "ZREMRANGEBYSCORE"})
+"""Commands that free memory and add none: on a full Redis, a transaction of these (and of
+reads) goes outside MULTI, where it refuses every command queued."""
+
 _TOPOLOGY = (rex.MovedError, rex.AskError, rex.ReadOnlyError, rex.ConnectionError, OSError)
 
 
@@ -481,7 +494,7 @@ def _fcall_refusal(reply: Any) -> str | None:
         return "missing"
     if "unknown command" in text:
         return "unknown"
-    if "no permissions to run the 'fcall' command" in text:
+    if "no permissions to run the 'fcall" in text:  # FCALL or FCALL_RO
         return "denied"
     return None
 
@@ -944,10 +957,16 @@ class Connection:
             try:
                 replies = await self.node_call(slot_key, commands, transaction=atomic)
             except rex.OutOfMemoryError:
-                if not atomic or not all(str(command[0]).upper() in _READS for command in commands):
+                names = {str(command[0]).upper() for command in commands}
+                if atomic and names & _FREES and names <= _FREES | _READS:
+                    # What makes room, and what it read first: in order, outside MULTI (a
+                    # full Redis takes no write that would come between them but a free).
+                    replies = await self.node_call(slot_key, commands)
+                elif atomic and names <= _READS:
+                    full = True
+                    return []
+                else:
                     raise
-                full = True
-                return []
             for reply in replies:  # a transaction's refusals are raised by node_call
                 if isinstance(reply, Exception):
                     raise reply
@@ -957,19 +976,15 @@ class Connection:
         if not full:
             return replies
         # The same reads in one script, which a full Redis runs (scripts/read.lua).
-        keys = {slot_key: None}
-        for command in commands:
-            name = str(command[0]).upper()
-            read = (
-                command[1:]
-                if name in ("MGET", "EXISTS")
-                else command[1:2]
-                if name != "TIME"
-                else ()
-            )
-            keys.update(dict.fromkeys(str(key) for key in read))
+        keys = dict.fromkeys(
+            [slot_key, *(key for command in commands for key in _keys_of(command))]
+        )
         words = [word for command in commands for word in (len(command), *command)]
-        return list(await self.script(SCRIPTS.read, tuple(keys), tuple(words), session=session))
+        return list(
+            await self.script(
+                SCRIPTS.read, tuple(keys), tuple(words), session=session, read_only=True
+            )
+        )
 
     async def script(
         self,
@@ -981,6 +996,7 @@ class Connection:
         replicas: int = 0,
         refused: Callable[[Any], bool] | None = None,
         after: Commands = (),
+        read_only: bool = False,
     ) -> Any:
         """Run a Lua script with retries: by FCALL or EVALSHA (``script_mode``), EVAL on NOSCRIPT.
 
@@ -1000,6 +1016,8 @@ class Connection:
                 another node), before ``WAIT``. Best effort: not atomic with
                 the script, and a refusal of one is logged, never raised: the
                 script has written by then.
+            read_only: By ``FCALL_RO`` (a function registered ``no-writes``), whose keys
+                need only read access: a tenant's user may only read its limits.
 
         Raises:
             ReplicationError: Fewer replicas than asked acknowledged the write
@@ -1017,7 +1035,7 @@ class Connection:
             argv = args() if callable(args) else args
             functions = mode == "functions" or (mode == "auto" and shared.fcall_due())
             call = (
-                ("FCALL", script.function, len(keys), *keys, *argv)
+                ("FCALL_RO" if read_only else "FCALL", script.function, len(keys), *keys, *argv)
                 if functions
                 else ("EVALSHA", script.sha, len(keys), *keys, *argv)
             )
@@ -1100,6 +1118,7 @@ class Connection:
         Raises:
             ConfigurationError: This Redis user may not run ``EVALSHA`` either (a tenant's
                 own, where the library is not loaded).
+            OutOfMemoryError: Redis is full, and this user may not run ``EVALSHA``.
         """
         shared = self._shared
         fcall, evalsha = calls
@@ -1131,6 +1150,8 @@ class Connection:
         replies = await self.node_call(key, [evalsha, *wait])
         if "no permissions to run the 'evalsha' command" in str(replies[0]).lower():
             shared.fcall_from = float("-inf")  # FCALL again, once it is loaded
+            if why == "full":  # the user's FCALL is fine: Redis is full
+                raise refused
             raise ConfigurationError(
                 f"this Redis user may run the ctxstore scripts neither by FCALL ({refused}) "
                 "nor by EVALSHA: an operator runs `ctxstore functions load`, or grants the "

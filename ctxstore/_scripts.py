@@ -59,8 +59,16 @@ NAMES = (
 )
 """Every script, by file name (without ``.lua``)."""
 
-READ_ONLY = frozenset({"read"})
-"""The scripts registered ``no-writes`` in the library: Redis runs them when it is full."""
+FLAGS = {
+    "read": "no-writes",
+    "delete": "allow-oom",
+    "checkpoint_delete": "allow-oom",
+    "unlist": "allow-oom",
+}
+"""The scripts registered with a flag in the library, each one Redis runs when it is full
+(past ``maxmemory``, ``noeviction``), where it refuses any other function whole: the reads,
+and what makes room. (By ``EVALSHA`` a script runs there until its first write that would
+add memory.)"""
 
 
 def _read(name: str) -> bytes:
@@ -154,10 +162,10 @@ def library() -> str:
     parts = [f"#!lua name={LIBRARY_NAME}\n", _LIB.decode()]
     for name, body in _BODIES.items():
         parts.append(f"\nlocal function script_{name}(KEYS, ARGV)\n{body.decode()}\nend\n")
-        if name in READ_ONLY:
+        if name in FLAGS:
             parts.append(
                 f"redis.register_function{{function_name='{LIBRARY_NAME}_{name}', "
-                f"callback=script_{name}, flags={{'no-writes'}}}}\n"
+                f"callback=script_{name}, flags={{'{FLAGS[name]}'}}}}\n"
             )
         else:
             parts.append(f"redis.register_function('{LIBRARY_NAME}_{name}', script_{name})\n")

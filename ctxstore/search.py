@@ -342,10 +342,10 @@ class Searcher:
                 behind = None
             try:
                 more = await self._catch_up(session, keys, epoch, life, header)
-            except StoreFullError:
-                if behind is None:
-                    raise
-                return behind  # a full Redis takes no more of the index: answer from it
+            except StoreFullError:  # a full Redis takes no more of the index
+                if behind is not None:
+                    return behind  # answer from it as it stands
+                return await self._unindexed(session, keys, fields)
             if behind is not None and more == 0:
                 # Nothing after the cursor (the counter's last id is ahead of
                 # the stream, say): the index is as current as the stream.
@@ -354,6 +354,35 @@ class Searcher:
         if behind is not None:
             return behind  # appends keep coming: answer from an index a batch behind
         raise EpochChangedError(-1, -1, tenant=self._scope.tenant, session=session)
+
+    async def _unindexed(
+        self, session: str, keys: SessionKeys, fields: list[str]
+    ) -> tuple[tuple[Any, Any], _Header, list[Any], int] | None:
+        """What :meth:`_settle` gives, from the whole history indexed here, kept nowhere.
+
+        For a Redis too full to take an index the session has none of (or none
+        of its current history): every entry is read, a batch at a time.
+        """
+        state: tuple[Any, Any] | None = None
+        rows: list[Row] = []
+        cursor: str | None = None
+        while True:
+            read, batch = await self._reader.rows(session, keys, cursor, BATCH)
+            if state is not None and read != state:
+                raise EpochChangedError(-1, -1, tenant=self._scope.tenant, session=session)
+            state = read
+            rows += batch
+            if len(batch) < BATCH:
+                break
+            cursor = text(batch[-1][1][0])
+        if not rows:
+            return None
+        postings, docs, length = self._batch(rows)
+        epoch, life = state
+        header = _Header(
+            text(epoch or b"0"), text(life or b""), self._key_id, cursor or "", docs, length
+        )
+        return state, header, [postings.get(field) for field in fields], 0
 
     def _current(self, header: _Header | None, epoch: Any, life: Any) -> bool:
         return (

@@ -14,6 +14,7 @@ its own round trips, and kept true by pruning sessions whose keys are gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import secrets
@@ -36,6 +37,7 @@ from ctxstore.errors import (
     InvalidInputError,
     QuotaExceededError,
     StoreError,
+    StoreFullError,
 )
 from ctxstore.lease import clock_arg
 from ctxstore.lineage import segments_of
@@ -397,7 +399,9 @@ class TenantIndex:
             log.warning(
                 "tenant %s: skipped %d malformed index members", self._scope.tenant, len(bad)
             )
-        await self.unlist(seen_at, [(s, "") for s in sorted(gone | bad)])
+        # A full Redis keeps them listed: the next listing takes them out.
+        with contextlib.suppress(StoreFullError):
+            await self.unlist(seen_at, [(s, "") for s in sorted(gone | bad)])
         return gone | bad
 
     async def sessions(self, *, limit: int, before_ms: int | None) -> list[SessionSummary]:

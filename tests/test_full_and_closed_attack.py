@@ -159,15 +159,7 @@ async def test_every_public_read_answers_as_before_on_a_full_redis(
     [
         "eval",
         "auto",
-        pytest.param(
-            "functions",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="list_sessions prunes gone sessions with unlist.lua, whose FCALL a full "
-                "Redis refuses whole (not no-writes, not allow-oom): the StoreFullError escapes "
-                "the listing, a read",
-            ),
-        ),
+        "functions",
     ],
 )
 async def test_list_sessions_answers_on_a_full_redis_when_a_listed_session_is_gone(
@@ -194,14 +186,7 @@ async def test_list_sessions_answers_on_a_full_redis_when_a_listed_session_is_go
     [
         "eval",
         "auto",
-        pytest.param(
-            "functions",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="Searcher._settle re-raises StoreFullError when there is no current index "
-                "to answer from (never indexed, or one of a replaced history)",
-            ),
-        ),
+        "functions",
     ],
 )
 async def test_a_search_of_a_session_never_indexed_answers_on_a_full_redis(
@@ -214,9 +199,12 @@ async def test_a_search_of_a_session_never_indexed_answers_on_a_full_redis(
     try:
         async with ContextStore.from_settings(config, tenant="acme") as store:
             await store.append_many("s", [turn(i) for i in range(5)])
+            await store.append("s", {"role": "user", "content": "a lazy dog sleeps"})
             async with full(admin):
-                hits = await store.search("s", "lazy dog")
-        assert isinstance(hits, list)
+                hits = await store.search("s", "lazy dog sleeps")
+                assert await admin.exists(store.keys("s").index) == 0  # none was written
+            indexed = await store.search("s", "lazy dog sleeps")  # room again: indexed
+        assert hits and hits == indexed
     finally:
         await admin.aclose()
 
@@ -245,11 +233,6 @@ def acl_server(servers: ServerPool) -> tuple[PrivateRedis, str]:
     return server, server.url(name, passwords[name])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the read script's FCALL declares the limits key, which the tenant's user may only "
-    "read (%R~): FCALL's key spec is read-write, so ACL refuses it (PermissionDeniedError)",
-)
 async def test_a_tenant_user_reads_its_limits_on_a_full_redis(servers: ServerPool) -> None:
     """A tenant's own user (FCALL only, its limits read-only) reads them once Redis is full."""
     server, url = acl_server(servers)
@@ -267,11 +250,6 @@ async def test_a_tenant_user_reads_its_limits_on_a_full_redis(servers: ServerPoo
         await admin.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the append's cold read of the limits goes by the read script's FCALL, which ACL "
-    "refuses (a read-only key declared to FCALL): PermissionDeniedError, not StoreFullError",
-)
 async def test_a_tenant_users_append_on_a_full_redis_says_it_is_full(servers: ServerPool) -> None:
     """A tenant's own user appending on a full Redis is told it is full, not that it may not."""
     server, url = acl_server(servers)
@@ -446,16 +424,7 @@ async def test_appends_a_full_redis_refuses_leave_every_key_as_it_was(
         await admin.aclose()
 
 
-FUNCTIONS_DELETE_REFUSED = pytest.mark.xfail(
-    strict=True,
-    reason="functions mode: delete.lua is registered without the allow-oom flag, so a full Redis "
-    "refuses its FCALL whole (StoreFullError), and only auto falls back to EVALSHA",
-)
-
-
-@pytest.mark.parametrize(
-    "mode", ["eval", "auto", pytest.param("functions", marks=FUNCTIONS_DELETE_REFUSED)]
-)
+@pytest.mark.parametrize("mode", ["eval", "auto", "functions"])
 async def test_a_session_can_be_deleted_to_make_room_on_a_full_redis(
     server: PrivateRedis, mode: str
 ) -> None:
@@ -472,11 +441,6 @@ async def test_a_session_can_be_deleted_to_make_room_on_a_full_redis(
         await admin.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="forget_tenant deletes with DEL and ZREM queued in MULTI, which a full Redis refuses "
-    "whole (OOM for every queued command): the operator cannot make room by forgetting a tenant",
-)
 async def test_a_tenant_can_be_forgotten_to_make_room_on_a_full_redis(
     server: PrivateRedis,
 ) -> None:
@@ -493,11 +457,6 @@ async def test_a_tenant_can_be_forgotten_to_make_room_on_a_full_redis(
         await admin.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="search_index.lua starts a new index with DEL (no deny-oom flag), which marks the "
-    "script as having written: Redis then lets its HSETs through past maxmemory",
-)
 async def test_a_search_on_a_full_redis_writes_no_index(server: PrivateRedis) -> None:
     """By EVALSHA, a search on a full Redis answers without writing an index past maxmemory."""
     admin = Redis.from_url(server.url())

@@ -215,7 +215,7 @@ async def test_every_script_runs_as_a_function(server: PrivateRedis, mode: str) 
     async with Monitor(server.port) as monitor:
         await workload(server.url(), mode)
         logged = await monitor.drain()
-    called = {e.args[1].decode() for e in logged if e.args[0].lower() == b"fcall"}
+    called = {e.args[1].decode() for e in logged if e.args[0].lower() in (b"fcall", b"fcall_ro")}
     assert {script.function for script in vars(SCRIPTS).values()} <= called | {
         SCRIPTS.enqueue.function  # the queue's own connection, in its own mode
     }

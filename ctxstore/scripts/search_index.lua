@@ -34,6 +34,9 @@ if head then
 end
 if not same then
   if ARGV[4] ~= '' then return {'moved'} end
+  -- A write that adds memory first: a full Redis refuses it, as it refuses by EVALSHA only
+  -- a script's first write (after a DEL, it would take a whole new index past maxmemory).
+  redis.call('HSET', KEYS[1], '@', '')
   redis.call('DEL', KEYS[1])
 end
 for i = 8, #ARGV, 2 do
