@@ -288,6 +288,12 @@ class _Pool(rconn.BlockingConnectionPool):
         )
 
 
+def _wake(waiting: asyncio.Future[None]) -> None:
+    """End a wait (a call's retry backoff), once."""
+    if not waiting.done():
+        waiting.set_result(None)
+
+
 def _loop_of(connection: Any) -> asyncio.AbstractEventLoop | None:
     """The event loop ``connection``'s socket was opened on (None: not connected, or unknown)."""
     return getattr(getattr(connection, "_reader", None), "_loop", None)
@@ -464,6 +470,7 @@ class _Shared:
 
     def __init__(self) -> None:
         self.closed = False
+        self.backing_off: set[asyncio.Future[None]] = set()  # calls waiting to retry
         self.lock = asyncio.Lock()
         self.read_at = float("-inf")
         # script_mode=auto: scripts go by FCALL from this time on (monotonic seconds), by
@@ -714,14 +721,14 @@ class Connection:
                 ) from exc
             except TRANSIENT as exc:
                 attempt += 1
-                if self.closed():
-                    raise StoreClosedError(
-                        f"the store was closed during the call ({_scrub(str(exc))})",
-                        tenant=self._tenant,
-                        session=session,
-                        key=key,
-                    ) from exc
                 if not await self._wait_to_retry(exc, attempt):
+                    if self.closed():  # before it failed, or while it waited to retry
+                        raise StoreClosedError(
+                            f"the store was closed during the call ({_scrub(str(exc))})",
+                            tenant=self._tenant,
+                            session=session,
+                            key=key,
+                        ) from exc
                     raise translate(
                         exc,
                         tenant=self._tenant,
@@ -737,7 +744,7 @@ class Connection:
 
     async def _wait_to_retry(self, exc: Exception, attempt: int) -> bool:
         """Wait out ``attempt``'s backoff; whether to try again (not once the store closed)."""
-        if attempt > self._settings.retry_attempts:
+        if attempt > self._settings.retry_attempts or self.closed():
             return False
         delay = random.uniform(
             0,
@@ -747,7 +754,15 @@ class Connection:
             ),
         )
         log.debug("retrying after %r (attempt %d, %.3fs)", exc, attempt, delay)
-        await asyncio.sleep(delay)
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()  # at the delay, or at the close
+        timer = loop.call_later(delay, _wake, woken)
+        self._shared.backing_off.add(woken)
+        try:
+            await woken
+        finally:
+            timer.cancel()
+            self._shared.backing_off.discard(woken)
         if self.closed():  # while it waited
             return False
         if self.cluster and isinstance(exc, _TOPOLOGY):
@@ -1267,6 +1282,9 @@ class Connection:
         connection open.
         """
         self._shared.closed = True
+        for woken in list(self._shared.backing_off):  # those waiting to retry fail now
+            if not woken.get_loop().is_closed():
+                _wake(woken)
         if self._pool is not None:
             self._pool.closed = True
         self._deadlines.close()

@@ -680,11 +680,6 @@ async def test_a_pipeline_in_flight_at_the_close_leaves_no_connection_open(
         await client.connection_pool.disconnect()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Connection._wait_to_retry sleeps out the whole backoff before it looks at the close: "
-    "a call waiting to retry when the store closes ends up to retry_max_delay later",
-)
 async def test_a_call_waiting_to_retry_fails_at_once_when_the_store_closes(
     private: PrivateRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
