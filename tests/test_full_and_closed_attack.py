@@ -3,19 +3,20 @@
 A full Redis (``maxmemory 1``, ``noeviction``, on a private server) refuses every
 command queued in MULTI: a transaction of reads goes again as one script that only
 reads. A closed store fails every call in flight then, or made later, with
-StoreClosedError. Faults found are pinned ``xfail(strict=True)``; the rest are
-regression tests. The faults:
+StoreClosedError. Each test is a fault this attack found, mended since, or an attack that
+held; one fault is still pinned ``xfail(strict=True)``: read.lua fails a read command of
+8,000+ words (latent: no read sends one). The mended:
 
-- full Redis: a tenant's own user (its limits key read-only) is refused the read
-  script's FCALL; functions mode refuses list_sessions's prune, a search with no
-  index, and a delete; forget_tenant's MULTI is refused whole; by EVALSHA a search
-  writes a new index past maxmemory; the embedded Redis 6 reports a script's OOM as
-  StoreError (a first view fails); read.lua fails a command of 8,000+ words (latent);
+- full Redis: a tenant's own user (its limits key read-only) was refused the read
+  script's FCALL; functions mode refused list_sessions's prune, a search with no
+  index, and a delete; forget_tenant's MULTI was refused whole; by EVALSHA a search
+  wrote a new index past maxmemory; the embedded Redis 6 reported a script's OOM as
+  StoreError (a first view failed);
 - closed store: a pipeline, a summary hand-off, or a cluster script's second send in
-  flight at the close leaves a connection open; a call waiting out its backoff, or
-  waiting for a pooled connection on a stalled server, does not fail at once;
-- a second asyncio.run: calls that wait for a pooled connection fail (the pool's
-  Condition), and a cluster store fails at its first call.
+  flight at the close left a connection open; a call waiting out its backoff, or
+  waiting for a pooled connection on a stalled server, did not fail at once;
+- a second asyncio.run: calls that waited for a pooled connection failed (the pool's
+  Condition), and a cluster store failed at its first call.
 """
 
 from __future__ import annotations
