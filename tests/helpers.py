@@ -13,12 +13,28 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ctxstore import ContextStore, Settings
 from ctxstore._formats import call_ids, result_ids
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from ctxstore import ContextStore
+
+async def load_library(url: str) -> None:
+    """Load this version's Functions library on ``url``, as `ctxstore functions load` does."""
+    async with ContextStore.from_url(url, "ops") as loader:
+        await loader._connection.load_functions()
+
+
+def private_settings(url: str, prefix: str, **changes: Any) -> Settings:
+    """Settings on a private Redis, by EVALSHA (it holds no library), under ``prefix``."""
+    return Settings(
+        redis_url=url,
+        key_prefix=prefix,
+        queue_name=f"{prefix}:summaries",
+        script_mode="eval",
+        **changes,
+    )
 
 
 USER = {"role": "user", "content": "hello"}

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS
-from helpers import loop_until
+from helpers import loop_until, private_settings
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from servers import Monitor, PrivateRedis
@@ -223,15 +223,9 @@ async def test_closing_fails_the_calls_of_a_batch_in_flight() -> None:
 # On Redis.
 
 
-def private_settings(url: str, **changes: Any) -> Settings:
-    """Settings on a private Redis (by EVALSHA: it holds no library), under a prefix of its own."""
-    return Settings(
-        redis_url=url,
-        key_prefix="coalesce",
-        queue_name="coalesce:summaries",
-        script_mode="eval",
-        **changes,
-    )
+def own_settings(url: str, **changes: Any) -> Settings:
+    """Settings on a private Redis, under this file's own prefix."""
+    return private_settings(url, "coalesce", **changes)
 
 
 def scripts_by_source(logged: list[Any]) -> dict[str, int]:
@@ -248,7 +242,7 @@ async def test_appends_in_flight_together_share_connections(
     private: PrivateRedis, most: int, connections: int
 ) -> None:
     """40 appends at once: one alone, then batches of ``coalesce_calls`` (0: 40 connections)."""
-    settings = private_settings(private.url(), coalesce_calls=most)
+    settings = own_settings(private.url(), coalesce_calls=most)
     async with ContextStore.from_settings(settings, tenant="acme") as store:
         for i in range(40):  # made one by one: a steady append is one script
             await store.append(f"s{i}", {"role": "user", "content": "first"})
@@ -325,7 +319,7 @@ async def test_connections_killed_mid_batch_lose_and_double_nothing(private: Pri
 
     Writes are paused (reads, as CLIENT LIST, still run): the appends wait, sent.
     """
-    settings = private_settings(private.url(), retry_attempts=3, retry_base_delay=0.01)
+    settings = own_settings(private.url(), retry_attempts=3, retry_base_delay=0.01)
     admin = Redis.from_url(private.url())
     try:
         async with ContextStore.from_settings(settings, tenant="acme") as store:
@@ -362,7 +356,7 @@ async def test_calls_past_their_deadline_leave_no_reply_for_the_next(private: Pr
 
     Writes are paused (the appends wait, sent); UNPAUSE, a read, still runs.
     """
-    settings = private_settings(private.url(), operation_timeout=0.2, retry_attempts=0)
+    settings = own_settings(private.url(), operation_timeout=0.2, retry_attempts=0)
     admin = Redis.from_url(private.url())
     try:
         async with ContextStore.from_settings(settings, tenant="acme") as store:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import redis
 from conftest import BACKENDS, cluster_or_skip
-from helpers import loop_until, user
+from helpers import loop_until, private_settings, user
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode
@@ -42,12 +42,11 @@ from ctxstore._coalescer import Coalescer
 from ctxstore.testing import WordCounter
 
 ROOT = Path(__file__).resolve().parent.parent
-OWN: dict[str, Any] = {"key_prefix": "attack", "queue_name": "attack:q", "script_mode": "eval"}
 
 
-def private_settings(url: str, **changes: Any) -> Settings:
-    """Settings on a private Redis (by EVALSHA: it holds no library), under a prefix of its own."""
-    return Settings(redis_url=url, **OWN, **changes)
+def own_settings(url: str, **changes: Any) -> Settings:
+    """Settings on a private Redis, under this file's own prefix."""
+    return private_settings(url, "attack", **changes)
 
 
 def appender(store: ContextStore, sessions: list[str]) -> Any:
@@ -151,7 +150,7 @@ async def test_closing_the_store_with_appends_in_flight_ends_every_one(
     private: PrivateRedis,
 ) -> None:
     """Aclose at each of the first turns of 30 appends: every append ends (lands or fails)."""
-    settings = private_settings(
+    settings = own_settings(
         private.url(), operation_timeout=1, retry_attempts=2, retry_base_delay=0.01
     )
     hung = []
@@ -181,7 +180,7 @@ async def test_closing_with_calls_in_flight_leaves_no_connection_open(
 
     Each either landed or failed as a closed store's call, as does a call made later.
     """
-    settings = private_settings(
+    settings = own_settings(
         private.url(), coalesce_calls=most, retry_attempts=2, retry_base_delay=0.01
     )
     admin = Redis.from_url(private.url())
@@ -211,9 +210,7 @@ async def test_an_append_cancelled_before_it_is_written_never_lands(
     private: PrivateRedis, most: int
 ) -> None:
     """An append-if cancelled while it waits for a connection is never written: the next applies."""
-    settings = private_settings(
-        private.url(), coalesce_calls=most, max_connections=1, retry_attempts=0
-    )
+    settings = own_settings(private.url(), coalesce_calls=most, max_connections=1, retry_attempts=0)
     admin = Redis.from_url(private.url())
     try:
         async with ContextStore.from_settings(settings, tenant="acme") as store:
@@ -326,7 +323,7 @@ async def test_connections_killed_at_random_turns_lose_and_double_no_append(
     private: PrivateRedis, most: int
 ) -> None:
     """Ten waves of 100 appends, every store connection killed at a random turn: acks hold, once."""
-    settings = private_settings(
+    settings = own_settings(
         private.url(),
         coalesce_calls=most,
         retry_attempts=20,
@@ -367,7 +364,7 @@ async def test_a_redis_restarted_mid_batch_keeps_every_acknowledged_append_once(
         pytest.skip("needs Redis 7")
     server = PrivateRedis(binary, durable=True).start()
     try:
-        settings = private_settings(
+        settings = own_settings(
             server.url(), retry_attempts=30, retry_base_delay=0.01, retry_max_delay=0.05
         )
         async with ContextStore.from_settings(settings, tenant="acme") as store:
@@ -395,7 +392,7 @@ async def test_transactions_refused_at_queue_or_exec_time_stay_their_own(
     private: PrivateRedis,
 ) -> None:
     """EXECABORT, WRONGTYPE in EXEC, EXEC without MULTI, beside scripts and reads: each its own."""
-    settings = private_settings(private.url())
+    settings = own_settings(private.url())
     raw = Redis.from_url(private.url())
     try:
         async with ContextStore.from_settings(settings, tenant="acme") as store:
@@ -469,7 +466,7 @@ async def test_writes_waiting_for_replicas_each_hold_a_connection_of_their_own(
     private: PrivateRedis,
 ) -> None:
     """Twenty appends that WAIT for a replica, with reads: each WAIT alone, the reads not held."""
-    settings = private_settings(
+    settings = own_settings(
         private.url(), replica_acks=1, replica_ack_timeout_ms=500, retry_attempts=0
     )
     admin = Redis.from_url(private.url())
@@ -583,12 +580,8 @@ def move_slot(cluster: Any, key: str) -> None:
 async def test_a_session_whose_slot_moved_fails_none_of_its_batch_mates() -> None:
     """A cluster of three: one session's slot moved; 240 calls on every node each succeed, own."""
     with cluster_or_skip(primaries=3, replicas=0) as cluster:
-        settings = Settings(
-            redis_url=cluster.url,
-            redis_cluster=True,
-            retry_attempts=3,
-            retry_base_delay=0.01,
-            **OWN,
+        settings = own_settings(
+            cluster.url, redis_cluster=True, retry_attempts=3, retry_base_delay=0.01
         )
         async with ContextStore.from_settings(settings, tenant="acme") as store:
             sessions = [f"s{i}" for i in range(12)]

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 from conftest import cluster_or_skip
-from helpers import key_states, loop_until, turn, user
+from helpers import key_states, load_library, loop_until, turn, user
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from servers import PrivateRedis, ServerPool, all_keys
@@ -48,7 +48,6 @@ from ctxstore import (
     TenantLimits,
     _connection,
 )
-from ctxstore._scripts import LIBRARY_NAME, library
 from ctxstore.acl import render_acl, tenant_user_name
 from ctxstore.testing import LocalCluster as Cluster
 
@@ -59,12 +58,6 @@ def settings_for(url: str, mode: str = "eval", **changes: Any) -> Settings:
     return Settings(
         redis_url=url, key_prefix="fa", queue_name="fa:summaries", script_mode=mode, **options
     )
-
-
-async def load(url: str) -> None:
-    """Load this version's Functions library, as `ctxstore functions load` does."""
-    async with ContextStore.from_url(url, "ops") as loader:
-        await loader._connection.load_functions()
 
 
 @asynccontextmanager
@@ -139,7 +132,7 @@ async def test_every_public_read_answers_as_before_on_a_full_redis(
     if mode == "auto, no library":
         mode = "auto"
     else:
-        await load(server.url())
+        await load_library(server.url())
     config = settings_for(server.url(), mode)
     async with ContextStore.from_settings(config, tenant="acme") as store:
         await _seed(store)
@@ -167,7 +160,7 @@ async def test_list_sessions_answers_on_a_full_redis_when_a_listed_session_is_go
     server: PrivateRedis, mode: str
 ) -> None:
     """A session whose keys went (expired) is still listed: the listing answers without it."""
-    await load(server.url())
+    await load_library(server.url())
     config = settings_for(server.url(), mode)
     admin = Redis.from_url(server.url())
     try:
@@ -194,7 +187,7 @@ async def test_a_search_of_a_session_never_indexed_answers_on_a_full_redis(
     server: PrivateRedis, mode: str
 ) -> None:
     """README: reads, views and searches still answer on a full Redis; here, with no index."""
-    await load(server.url())
+    await load_library(server.url())
     config = settings_for(server.url(), mode)
     admin = Redis.from_url(server.url())
     try:
@@ -214,7 +207,7 @@ ADMIN_LINE = "user default on nopass ~* &* +@all\n"
 """The test's own admin (the rendered file holds no default user)."""
 
 
-def acl_server(servers: ServerPool) -> tuple[PrivateRedis, str]:
+async def acl_server(servers: ServerPool) -> tuple[PrivateRedis, str]:
     """A private Redis 7 running the rendered users for tenant acme, its library loaded.
 
     Returns the server and the URL of acme's own user.
@@ -223,20 +216,13 @@ def acl_server(servers: ServerPool) -> tuple[PrivateRedis, str]:
     name = tenant_user_name("acme")
     passwords = {n: secrets.token_urlsafe(12) for n in ("ctxstore-pod", "ctxstore-worker", name)}
     server = servers.start(acl=render_acl(base, ["acme"], passwords) + ADMIN_LINE)
-    loaded = subprocess.run(
-        ["redis-cli", "-p", str(server.port), "-x", "FUNCTION", "LOAD", "REPLACE"],
-        input=library(),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert loaded.stdout.strip() == LIBRARY_NAME, loaded.stderr
+    await load_library(server.url())  # as the admin
     return server, server.url(name, passwords[name])
 
 
 async def test_a_tenant_user_reads_its_limits_on_a_full_redis(servers: ServerPool) -> None:
     """A tenant's own user (FCALL only, its limits read-only) reads them once Redis is full."""
-    server, url = acl_server(servers)
+    server, url = await acl_server(servers)
     async with ContextStore.from_settings(settings_for(server.url()), tenant="acme") as operator:
         await operator.set_limits(TenantLimits(sessions=7))
     admin = Redis.from_url(server.url())
@@ -253,7 +239,7 @@ async def test_a_tenant_user_reads_its_limits_on_a_full_redis(servers: ServerPoo
 
 async def test_a_tenant_users_append_on_a_full_redis_says_it_is_full(servers: ServerPool) -> None:
     """A tenant's own user appending on a full Redis is told it is full, not that it may not."""
-    server, url = acl_server(servers)
+    server, url = await acl_server(servers)
     admin = Redis.from_url(server.url())
     try:
         async with ContextStore.from_settings(settings_for(url, "auto"), tenant="acme") as store:
@@ -345,7 +331,7 @@ async def test_every_read_a_transaction_may_hold_answers_the_same_through_the_sc
     Nil values inside arrays, empty and missing keys, binary values, an integer past a
     double's, infinite scores, a 5,000-field hash, a 3,000-entry stream.
     """
-    await load(server.url())
+    await load_library(server.url())
     admin = Redis.from_url(server.url())
     try:
         await _fill_every_type(admin)
@@ -398,7 +384,7 @@ async def test_appends_a_full_redis_refuses_leave_every_key_as_it_was(
     To a session, to a new one, pinned, idempotent, if at a sequence, with a large
     message: StoreFullError each.
     """
-    await load(server.url())
+    await load_library(server.url())
     admin = Redis.from_url(server.url())
     big = {"role": "tool", "tool_call_id": "c", "content": "x" * 200_000}
     try:
@@ -430,7 +416,7 @@ async def test_a_session_can_be_deleted_to_make_room_on_a_full_redis(
     server: PrivateRedis, mode: str
 ) -> None:
     """README: on a full Redis a session can still be deleted to make room."""
-    await load(server.url())
+    await load_library(server.url())
     admin = Redis.from_url(server.url())
     try:
         async with ContextStore.from_settings(settings_for(server.url(), mode), tenant="acme") as s:
@@ -880,7 +866,7 @@ async def test_hostile_ids_get_the_same_answers_on_a_full_redis(
     server: PrivateRedis, mode: str
 ) -> None:
     """Entry, cursor and branch ids that reach a read: the same answer, or error, once full."""
-    await load(server.url())
+    await load_library(server.url())
     admin = Redis.from_url(server.url())
 
     async def answers(store: ContextStore, branch: str) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import cluster_or_skip
-from helpers import turn
+from helpers import load_library, turn
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from servers import (
@@ -42,12 +42,6 @@ def by(logged: list[Logged]) -> list[bytes]:
         for e in logged
         if e.source != "lua" and e.args[0].lower() in (b"fcall", b"evalsha", b"eval")
     ]
-
-
-async def load(url: str) -> None:
-    """Load this version's library, as `ctxstore functions load` does."""
-    async with ContextStore.from_url(url, "ops") as loader:
-        await loader._connection.load_functions()
 
 
 def test_auto_is_the_default() -> None:
@@ -82,7 +76,7 @@ async def test_without_the_library_one_fcall_fails_then_evalsha_until_the_rechec
 async def test_a_library_loaded_later_is_taken_up_at_the_recheck(server: PrivateRedis) -> None:
     async with ContextStore.from_settings(settings_for(server.url()), tenant="acme") as store:
         await store.append("s", turn(0))  # no library: EVALSHA from now on
-        await load(server.url())
+        await load_library(server.url())
         async with Monitor(server.port) as monitor:
             await store.append("s", turn(1))
             store._connection._shared.fcall_from -= FUNCTIONS_RECHECK_S
@@ -95,7 +89,7 @@ async def test_a_library_loaded_later_is_taken_up_at_the_recheck(server: Private
 
 async def test_a_library_deleted_under_the_pods_costs_no_call(server: PrivateRedis) -> None:
     """Another version's prune (or FUNCTION FLUSH) while pods run: no error, nothing doubled."""
-    await load(server.url())
+    await load_library(server.url())
     config = settings_for(server.url())
     async with (
         ContextStore.from_settings(config, tenant="acme") as store,
@@ -137,7 +131,7 @@ async def test_commands_sent_after_a_script_run_once_when_the_fcall_fails(
 
 
 async def test_script_mode_eval_never_sends_fcall(server: PrivateRedis) -> None:
-    await load(server.url())
+    await load_library(server.url())
     config = settings_for(server.url(), script_mode="eval")
     async with (
         ContextStore.from_settings(config, tenant="acme") as store,
@@ -218,7 +212,7 @@ async def test_a_full_redis_still_deletes_in_auto_as_by_evalsha(
     Redis refuses a function that may write before it runs; by EVALSHA a script runs until
     a command that would add memory. auto sends the refused FCALL again by EVALSHA.
     """
-    await load(server.url())
+    await load_library(server.url())
     admin = Redis.from_url(server.url())
     config = settings_for(server.url(), script_mode=mode)
     try:
@@ -352,7 +346,7 @@ async def test_a_full_redis_still_serves_every_read(server: PrivateRedis, mode: 
 
     Each store reads cold (a new store), so nothing comes from a pod's copies; then warm.
     """
-    await load(server.url())
+    await load_library(server.url())
     config = settings_for(server.url(), script_mode=mode, summary_trigger_tokens=100_000)
     await _reads_on_a_full_redis(config, [Redis.from_url(server.url())])
 
