@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import cluster_or_skip
-from helpers import turn
+from helpers import load_library, turn
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from servers import (
@@ -30,7 +30,7 @@ from servers import (
     redis7_binary,
 )
 from test_attacks import drop_reply
-from test_script_mode import by, load, settings_for
+from test_script_mode import by, settings_for
 
 from ctxstore import (
     AppendResult,
@@ -243,7 +243,7 @@ async def test_a_lost_fcall_reply_retried_after_the_library_was_deleted_is_answe
     server: PrivateRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """FCALL applied, reply lost, library deleted: the EVALSHA retry finds the entry."""
-    await load(server.url())
+    await load_library(server.url())
     async with (
         ContextStore.from_settings(settings_for(server.url()), tenant="acme") as store,
         admin_of(server.url()) as admin,
@@ -288,7 +288,7 @@ async def test_a_library_that_goes_under_running_pods_costs_no_append(
     server: PrivateRedis, goes: Callable[[Redis], Awaitable[None]]
 ) -> None:
     """FUNCTION FLUSH, or another version's library alone: the next append falls back, once."""
-    await load(server.url())
+    await load_library(server.url())
     config = settings_for(server.url(), index_interval=0.0)
     async with (
         ContextStore.from_settings(config, tenant="acme") as store,
@@ -571,7 +571,7 @@ async def test_the_shipped_pod_user_runs_by_evalsha_without_the_library_and_fcal
     async with ContextStore.from_settings(config, tenant="acme") as store:
         assert (await store.append("s", turn(0))).seq == 1
     assert (await fcalls(server.url()))[0] == 0
-    await load(server.url())
+    await load_library(server.url())
     async with ContextStore.from_settings(config, tenant="acme") as store:
         assert (await store.append("s", turn(1))).seq == 2
     assert (await fcalls(server.url()))[0] == 1
