@@ -273,13 +273,18 @@ async def test_stalled_calls_among_many_on_both_backends(
 
 
 async def test_a_deadline_mid_big_reply_never_hands_it_to_the_next(private: PrivateRedis) -> None:
-    """One connection, a 24 MB reply that cannot be read in time: the next call reads its own."""
+    """One connection, a 24 MB reply that cannot be read in time: the next call reads its own.
+
+    The small call has the same 20 ms deadline, which a loaded machine may miss too: a
+    small call that times out is no wrong answer, so only those that answer are checked
+    (and at least one must).
+    """
     connection = connection_to(private.url(), 0.02, max_connections=1)
     big = b"x" * (24 << 20)
     setup = connection_to(private.url(), 10)
     await setup.call(lambda: setup.node_call("big", [("SET", "big", big), ("SET", "small", "s")]))
     await setup.aclose()
-    timeouts = 0
+    timeouts = answered = 0
     for _ in range(10):
         try:
             assert await connection.call(lambda: connection.node_call("big", [("GET", "big")])) == [
@@ -287,10 +292,15 @@ async def test_a_deadline_mid_big_reply_never_hands_it_to_the_next(private: Priv
             ]
         except StoreUnavailableError:
             timeouts += 1
-        assert await connection.call(
-            lambda: connection.node_call("small", [("GET", "small"), ("PING",)])
-        ) == [b"s", b"PONG"]
-    assert timeouts
+        try:
+            reply = await connection.call(
+                lambda: connection.node_call("small", [("GET", "small"), ("PING",)])
+            )
+        except StoreUnavailableError:
+            continue
+        assert reply == [b"s", b"PONG"]
+        answered += 1
+    assert timeouts and answered
     await connection.aclose()
 
 
