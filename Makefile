@@ -16,7 +16,7 @@ POD_VENV := .venv-pod
 POD_BIN := $(POD_VENV)/bin
 POD_STAMP := $(POD_VENV)/.installed
 
-.PHONY: install test lint typecheck check bench bench-instructions eval stress soak demo worker load clean
+.PHONY: install test lint typecheck check bench bench-instructions bench-tracking eval stress soak demo worker load clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,10 @@ bench: $(STAMP)
 # exact where INFO cpu moves 2x between runs.
 bench-instructions: $(STAMP)
 	$(BIN)/python -m bench.turns --instructions
+
+# What CLIENT TRACKING would cost each append (needs redis-py 6+: the pod environment's).
+bench-tracking: $(SDK_STAMP)
+	$(SDK_BIN)/python -m bench.tracking
 
 eval: $(STAMP)
 	$(BIN)/python -m bench.eval
