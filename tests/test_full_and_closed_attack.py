@@ -4,14 +4,14 @@ A full Redis (``maxmemory 1``, ``noeviction``, on a private server) refuses ever
 command queued in MULTI: a transaction of reads goes again as one script that only
 reads. A closed store fails every call in flight then, or made later, with
 StoreClosedError. Each test is a fault this attack found, mended since, or an attack that
-held; one fault is still pinned ``xfail(strict=True)``: read.lua fails a read command of
-8,000+ words (latent: no read sends one). The mended:
+held. The mended:
 
 - full Redis: a tenant's own user (its limits key read-only) was refused the read
-  script's FCALL; functions mode refused list_sessions's prune, a search with no
-  index, and a delete; forget_tenant's MULTI was refused whole; by EVALSHA a search
-  wrote a new index past maxmemory; the embedded Redis 6 reported a script's OOM as
-  StoreError (a first view failed);
+  script's FCALL; read.lua failed a read command of 8,000+ words (Lua's C stack);
+  functions mode refused list_sessions's prune, a search with no index, and a delete;
+  forget_tenant's MULTI was refused whole; by EVALSHA a search wrote a new index past
+  maxmemory; the embedded Redis 6 reported a script's OOM as StoreError (a first view
+  failed);
 - closed store: a pipeline, a summary hand-off, or a cluster script's second send in
   flight at the close left a connection open; a call waiting out its backoff, or
   waiting for a pooled connection on a stalled server, did not fail at once;
@@ -353,24 +353,36 @@ async def test_every_read_a_transaction_may_hold_answers_the_same_through_the_sc
         await admin.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="latent: read.lua calls redis.call(unpack(ARGV, ...)), and Lua unpacks at most "
-    "~8,000 values: a read command of more words fails on a full Redis (no public read sends "
-    "one today)",
-)
-async def test_a_read_of_many_fields_answers_through_the_script(server: PrivateRedis) -> None:
-    """HMGET of 9,000 fields: MULTI answers it; so must read.lua once Redis is full."""
+@pytest.mark.parametrize("mode", ["eval", "functions"])
+async def test_a_read_of_many_words_answers_through_the_script(
+    server: PrivateRedis, mode: str
+) -> None:
+    """HMGET of 9,000 fields, MGET of 8,001 keys, beside short reads: as MULTI answers them.
+
+    Lua passes a function at most ~8,000 values: read.lua sends such a command in parts
+    (4,000 words, then 4,000, then the rest; and 4,000 exactly in one).
+    """
+    await load_library(server.url())
     admin = Redis.from_url(server.url())
     fields = [f"f{i}" for i in range(9_000)]
+    keys = [f"{{r}}k{i}" for i in range(8_001)]
     try:
-        await admin.hset("{r}hash", mapping=dict.fromkeys(fields[::2], "v"))
-        async with ContextStore.from_settings(settings_for(server.url()), tenant="acme") as s:
-            command = ("HMGET", "{r}hash", *fields)
-            (by_multi,) = await s._connection.transaction([command])
+        await admin.hset("{r}hash", mapping=dict.fromkeys(fields[::3], "v"))
+        await admin.mset(dict.fromkeys(keys[1::2], "w"))
+        commands = [
+            ("HMGET", "{r}hash", *fields),
+            ("GET", keys[1]),
+            ("MGET", *keys),
+            ("HMGET", "{r}hash", *fields[:4_000]),
+            ("HLEN", "{r}hash"),
+        ]
+        async with ContextStore.from_settings(settings_for(server.url(), mode), tenant="acme") as s:
+            by_multi = await s._connection.transaction(commands)
             async with full(admin):
-                (by_script,) = await s._connection.transaction([command])
+                by_script = await s._connection.transaction(commands)
         assert by_script == by_multi
+        assert by_multi[0][:4] == [b"v", None, None, b"v"] and len(by_multi[0]) == 9_000
+        assert by_multi[2][:2] == [None, b"w"] and len(by_multi[2]) == 8_001
     finally:
         await admin.aclose()
 

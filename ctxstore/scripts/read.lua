@@ -12,11 +12,35 @@
 --
 -- Returns each command's reply, in order (a missing value as nil). A refused command
 -- (a write among them, or a key of the wrong type) fails the whole script.
+
+-- Lua passes at most ~8,000 values to a function (its C stack): a longer command that asks
+-- for one reply per word (HMGET's fields, MGET's keys...) goes in parts of at most CHUNK
+-- words after its first `head` (the name, and the key it reads), its replies joined.
+local CHUNK = 4000
+local SPLIT = {hmget = 2, mget = 1, smismember = 2, zmscore = 2}
+
+local function call(first, last)
+  local head = SPLIT[string.lower(ARGV[first])]
+  if last - first < CHUNK or not head then return redis.call(unpack(ARGV, first, last)) end
+  local replies, words = {}, {}
+  for w = 1, head do words[w] = ARGV[first + w - 1] end
+  local at = first + head
+  while at <= last do
+    local stop = math.min(at + CHUNK - 1, last)
+    for w = at, stop do words[head + w - at + 1] = ARGV[w] end
+    for w = head + stop - at + 2, #words do words[w] = nil end
+    local part = redis.call(unpack(words, 1, head + stop - at + 1))
+    for r = 1, stop - at + 1 do replies[#replies + 1] = part[r] or false end
+    at = stop + 1
+  end
+  return replies
+end
+
 local out, i, n = {}, 1, 0
 while i <= #ARGV do
   local words = tonumber(ARGV[i])
   n = n + 1
-  out[n] = redis.call(unpack(ARGV, i + 1, i + words))
+  out[n] = call(i + 1, i + words)
   i = i + words + 1
 end
 return out
