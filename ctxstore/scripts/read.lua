@@ -13,26 +13,32 @@
 -- Returns each command's reply, in order (a missing value as nil). A refused command
 -- (a write among them, or a key of the wrong type) fails the whole script.
 
--- Lua passes at most ~8,000 values to a function (its C stack): a longer command that asks
--- for one reply per word (HMGET's fields, MGET's keys...) goes in parts of at most CHUNK
--- words after its first `head` (the name, and the key it reads), its replies joined.
+-- Lua passes at most ~8,000 values to a function (its C stack): a longer command of the
+-- variadic reads the store sends (Connection's _READS) goes in parts of at most CHUNK words
+-- after its first `head` (the name, and the key it reads), their replies joined (one per
+-- word) or, for EXISTS, added.
 local CHUNK = 4000
-local SPLIT = {hmget = 2, mget = 1, smismember = 2, zmscore = 2}
+local SPLIT = {hmget = 2, zmscore = 2, mget = 1, exists = 1}
 
 local function call(first, last)
-  local head = SPLIT[string.lower(ARGV[first])]
+  local name = string.lower(ARGV[first])
+  local head = SPLIT[name]
   if last - first < CHUNK or not head then return redis.call(unpack(ARGV, first, last)) end
-  local replies, words = {}, {}
+  local replies, total, words = {}, 0, {}
   for w = 1, head do words[w] = ARGV[first + w - 1] end
   local at = first + head
   while at <= last do
     local stop = math.min(at + CHUNK - 1, last)
     for w = at, stop do words[head + w - at + 1] = ARGV[w] end
-    for w = head + stop - at + 2, #words do words[w] = nil end
     local part = redis.call(unpack(words, 1, head + stop - at + 1))
-    for r = 1, stop - at + 1 do replies[#replies + 1] = part[r] or false end
+    if name == 'exists' then
+      total = total + part
+    else
+      for r = 1, stop - at + 1 do replies[#replies + 1] = part[r] end
+    end
     at = stop + 1
   end
+  if name == 'exists' then return total end
   return replies
 end
 
