@@ -105,11 +105,11 @@ _READS = frozenset(
 
 
 def _keys_of(command: Sequence[Any]) -> list[str]:
-    """The keys a command of :data:`_READS` reads."""
-    name = str(command[0]).upper()
+    """The keys a command of :data:`_READS` reads (names and keys as str or UTF-8 bytes)."""
+    name = text(command[0]).upper()
     if name == "TIME":
         return []
-    return [str(key) for key in (command[1:] if name in ("MGET", "EXISTS") else command[1:2])]
+    return [text(key) for key in (command[1:] if name in ("MGET", "EXISTS") else command[1:2])]
 
 
 _FREES = frozenset({"DEL", "UNLINK", "HDEL", "ZREM", "SREM", "XDEL", "ZREMRANGEBYSCORE"})
@@ -972,7 +972,7 @@ class Connection:
             try:
                 replies = await self.node_call(slot_key, commands, transaction=atomic)
             except rex.OutOfMemoryError:
-                names = {str(command[0]).upper() for command in commands}
+                names = {text(command[0]).upper() for command in commands}
                 if atomic and names & _FREES and names <= _FREES | _READS:
                     # What makes room, and what it read first: in order, outside MULTI (a
                     # full Redis takes no write that would come between them but a free).

@@ -357,7 +357,7 @@ async def test_every_read_a_transaction_may_hold_answers_the_same_through_the_sc
 async def test_a_read_of_many_words_answers_through_the_script(
     server: PrivateRedis, mode: str
 ) -> None:
-    """HMGET of 9,000 fields, MGET and EXISTS of 8,001 keys, beside short reads: as MULTI.
+    """HMGET of 9,000 fields (by str and by bytes), MGET and EXISTS of 8,001 keys: as MULTI.
 
     Lua passes a function at most ~8,000 values: read.lua sends such a command in parts
     (4,000 words, then 4,000, then the rest; and 4,000 exactly in one).
@@ -376,6 +376,7 @@ async def test_a_read_of_many_words_answers_through_the_script(
             ("HMGET", "{r}hash", *fields[:4_000]),
             ("EXISTS", *keys),
             ("HLEN", "{r}hash"),
+            (b"hmget", b"{r}hash", *(f.encode() for f in fields)),  # bytes, lower case
         ]
         async with ContextStore.from_settings(settings_for(server.url(), mode), tenant="acme") as s:
             by_multi = await s._connection.transaction(commands)
@@ -384,7 +385,7 @@ async def test_a_read_of_many_words_answers_through_the_script(
         assert by_script == by_multi
         assert by_multi[0][:4] == [b"v", None, None, b"v"] and len(by_multi[0]) == 9_000
         assert by_multi[2][:2] == [None, b"w"] and len(by_multi[2]) == 8_001
-        assert by_multi[4] == 4_000
+        assert by_multi[4] == 4_000 and by_multi[6] == by_multi[0]
     finally:
         await admin.aclose()
 
