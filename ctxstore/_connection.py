@@ -1060,7 +1060,12 @@ class Connection:
             for command, reply in zip(sent_after, replies[1:], strict=False):
                 if isinstance(reply, Exception):
                     delivered = False  # a retry sends it again (READONLY after a failover)
-                    log.warning("%s after %s refused: %s", command[0], script.name, reply)
+                    # A full Redis: its writes are refused with StoreFullError (this script's
+                    # too, unless it wrote nothing), not a warning per call.
+                    full = isinstance(reply, rex.OutOfMemoryError)
+                    (log.debug if full else log.warning)(
+                        "%s after %s refused: %s", command[0], script.name, reply
+                    )
             # An FCALL refused ran nothing (the commands after it did: not again).
             why = _fcall_refusal(replies[0]) if functions else None
             if why is not None and mode == "auto":

@@ -392,18 +392,20 @@ async def test_a_read_of_many_words_answers_through_the_script(
 
 @pytest.mark.parametrize("mode", ["eval", "auto", "functions"])
 async def test_appends_a_full_redis_refuses_leave_every_key_as_it_was(
-    server: PrivateRedis, mode: str
+    server: PrivateRedis, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Appends a full Redis refuses change no key: the counters still equal the stream.
 
     To a session, to a new one, pinned, idempotent, if at a sequence, with a large
-    message: StoreFullError each.
+    message: StoreFullError each, and no warning for the index touch each sends after
+    its script (a full Redis refuses it too: the error raised says so).
     """
     await load_library(server.url())
     admin = Redis.from_url(server.url())
     big = {"role": "tool", "tool_call_id": "c", "content": "x" * 200_000}
+    touching = settings_for(server.url(), mode, index_interval=0.0)  # a touch on every write
     try:
-        async with ContextStore.from_settings(settings_for(server.url(), mode), tenant="acme") as s:
+        async with ContextStore.from_settings(touching, tenant="acme") as s:
             await s.append_many("s", [turn(i) for i in range(5)])
             keys = sorted(await all_keys(server.url()))
             before = await key_states(admin, keys)
@@ -415,9 +417,11 @@ async def test_appends_a_full_redis_refuses_leave_every_key_as_it_was(
                     s.append_many("s", [turn(9), big]),
                     s.append_many("new", [turn(9), turn(10)]),
                 ]
-                for attempt in attempts:
-                    with pytest.raises(StoreFullError):
-                        await attempt
+                with caplog.at_level("WARNING", logger="ctxstore"):
+                    for attempt in attempts:
+                        with pytest.raises(StoreFullError):
+                            await attempt
+                assert "refused" not in caplog.text
             assert sorted(await all_keys(server.url())) == keys
             assert await key_states(admin, keys) == before
             info = await s.info("s")
@@ -533,9 +537,13 @@ def test_a_cluster_store_works_under_a_second_asyncio_run(own_cluster: Cluster) 
 
 
 async def test_every_public_read_answers_as_before_on_a_full_cluster(
-    own_cluster: Cluster, server: PrivateRedis
+    own_cluster: Cluster, server: PrivateRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """auto, the library loaded on each primary: each primary full, every read the same."""
+    """auto, the library loaded on each primary: each primary full, every read the same.
+
+    An append there is refused (StoreFullError), and the index touch sent beside it (its
+    own round trip on a cluster) is refused with no warning.
+    """
     config = settings_for(own_cluster.url, "auto", redis_cluster=True, queue_url=server.url())
     async with ContextStore.from_settings(config, tenant="ops") as loader:
         await loader._connection.load_functions()
@@ -548,6 +556,12 @@ async def test_every_public_read_answers_as_before_on_a_full_cluster(
     try:
         async with full(*nodes), ContextStore.from_settings(config, tenant="acme") as store:
             assert await _every_read(store) == before
+            assert await _every_read(store) == before
+            touching = config.model_copy(update={"index_interval": 0.0})
+            async with ContextStore.from_settings(touching, tenant="acme") as writer:
+                with caplog.at_level("WARNING", logger="ctxstore"), pytest.raises(StoreFullError):
+                    await writer.append("s", turn(99))
+                assert "touch" not in caplog.text
             assert await _every_read(store) == before
     finally:
         for node in nodes:
