@@ -964,7 +964,7 @@ class Connection:
 
         Retried as every call is; a refused command raises.
         """
-        slot_key = key if key is not None else str(commands[0][1])
+        slot_key = key if key is not None else text(commands[0][1])
         full = False  # a Redis past maxmemory refused the transaction's reads
 
         async def op() -> list[Any]:
@@ -1060,8 +1060,10 @@ class Connection:
             for command, reply in zip(sent_after, replies[1:], strict=False):
                 if isinstance(reply, Exception):
                     delivered = False  # a retry sends it again (READONLY after a failover)
-                    # A full Redis: its writes are refused with StoreFullError (this script's
-                    # too, unless it wrote nothing), not a warning per call.
+                    # A full Redis: the script beside it was refused too (StoreFullError) or
+                    # wrote nothing, or it pushed Redis past its limit and the next write
+                    # raises; not a warning per call. (On a cluster the touch goes alone, to
+                    # the index's node, which may be full alone: that still warns.)
                     full = isinstance(reply, rex.OutOfMemoryError)
                     (log.debug if full else log.warning)(
                         "%s after %s refused: %s", command[0], script.name, reply

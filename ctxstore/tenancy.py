@@ -273,10 +273,7 @@ class TenantIndex:
             await self._scope.connection.batch([command], session=session, key=self.key)
         except CtxstoreError as exc:
             self._known.discard(session)
-            # A full Redis refuses the write beside it too (StoreFullError): no warning each.
-            (log.debug if isinstance(exc, StoreFullError) else log.warning)(
-                "the index touch of session %r failed: %s", session, exc
-            )
+            log.warning("the index touch of session %r failed: %s", session, exc)
 
     async def reserve(self, session: str, limits: Limits) -> Reservation:
         """List the session, within the session quota, for a write that may create it.
