@@ -76,6 +76,34 @@ async def phase(
     return (cpu1 - cpu0) / appends * 1e6, got
 
 
+async def compare(
+    url: str, store: ContextStore, raw: Redis, count: int, appends: int, rounds: int
+) -> tuple[float, float, int]:
+    """Median server CPU without and with tracking for ``count`` readers, and the pushes."""
+    keys = store.keys(SESSION)
+    readers = [Redis.from_url(url, protocol=3, single_connection_client=True) for _ in range(count)]
+    off: list[float] = []
+    on: list[float] = []
+    pushes = 0
+    try:
+        for round_ in range(rounds):
+            # Each way first in turn: the session grows, and the machine drifts.
+            for tracking in (False, True) if round_ % 2 == 0 else (True, False):
+                cpu, got = await phase(
+                    store, raw, readers, (keys.meta, keys.log), appends, tracking
+                )
+                (on if tracking else off).append(cpu)
+                if not tracking and got:
+                    raise RuntimeError(f"{got} invalidations with tracking off")
+                if tracking and got < appends * count:  # each append invalidates each reader
+                    raise RuntimeError(f"{got} invalidations, {appends * count} expected")
+                pushes += got
+    finally:
+        for reader in readers:
+            await reader.aclose()
+    return statistics.median(off), statistics.median(on), pushes
+
+
 async def run(readers_counts: Sequence[int], appends: int, rounds: int) -> None:
     """Alternate phases without and with tracking, for each number of readers."""
     with private_redis(SHIPPED_CONF) as (url, note):
@@ -85,48 +113,29 @@ async def run(readers_counts: Sequence[int], appends: int, rounds: int) -> None:
         print(note)
         settings = Settings(redis_url=url, key_prefix="tracking", view_cache_bytes=0)
         raw = Redis.from_url(url)
-        async with ContextStore.from_settings(settings, tenant="bench") as store:
-            await store.append(SESSION, {"role": "user", "content": "hello"})
-            found = [k.decode() async for k in raw.scan_iter(match="*", count=1000)]
-            meta = next(k for k in found if k.endswith("meta"))
-            log = next(k for k in found if k.endswith("log"))
-            print(
-                f"\n{'readers':>8}{'CPU us, no tracking':>24}{'tracking':>12}"
-                f"{'added per reader':>20}{'invalidations':>16}"
-            )
-            for count in readers_counts:
-                readers = [
-                    Redis.from_url(url, protocol=3, single_connection_client=True)
-                    for _ in range(count)
-                ]
-                off: list[float] = []
-                on: list[float] = []
-                pushes = 0
-                for round_ in range(rounds):
-                    # Each way first in turn: the session grows, and the machine drifts.
-                    for tracking in (False, True) if round_ % 2 == 0 else (True, False):
-                        cpu, got = await phase(store, raw, readers, (meta, log), appends, tracking)
-                        (on if tracking else off).append(cpu)
-                        if not tracking and got:
-                            raise RuntimeError(f"{got} invalidations with tracking off")
-                        if tracking and got < appends * count:  # each append invalidates each
-                            raise RuntimeError(f"{got} invalidations, {appends * count} expected")
-                        pushes += got
-                for reader in readers:
-                    await reader.aclose()
-                a, b = statistics.median(off), statistics.median(on)
-                print(
-                    f"{count:>8}{a:>24.1f}{b:>12.1f}{(b - a) / count:>20.1f}"
-                    f"{pushes / (rounds * appends * count):>16.2f}"
-                )
-        await raw.aclose()
+        print(
+            f"\n{'readers':>8}{'CPU us, no tracking':>24}{'tracking':>12}"
+            f"{'added per reader':>20}{'invalidations':>16}"
+        )
+        try:
+            async with ContextStore.from_settings(settings, tenant="bench") as store:
+                for count in readers_counts:
+                    a, b, pushes = await compare(url, store, raw, count, appends, rounds)
+                    print(
+                        f"{count:>8}{a:>24.1f}{b:>12.1f}{(b - a) / count:>20.1f}"
+                        f"{pushes / (rounds * appends * count):>16.2f}"
+                    )
+        finally:
+            await raw.aclose()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the tracking benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--appends", type=int, default=500, help="appends per phase")
-    parser.add_argument("--rounds", type=int, default=7, help="phases each way")
+    parser.add_argument(
+        "--rounds", type=int, default=8, help="phases each way (even: each way first as often)"
+    )
     args = parser.parse_args(argv)
     if int(redis.__version__.split(".")[0]) < 6:
         print(
