@@ -35,7 +35,7 @@ from typing import Any
 from bench.conversations import DOMAINS, generate, text_of
 from bench.runner import run_bench
 from ctxstore import ContextStore, Settings
-from ctxstore.search import terms
+from ctxstore._parts.search import terms
 from ctxstore.testing import remove_keys
 
 TARGET = 1.05

@@ -95,7 +95,7 @@ from redis.asyncio import Redis
 
 from bench.bench import SHIPPED_CONF, conversation, private_redis, tool_exchange
 from ctxstore import ContextStore, Settings, TiktokenCounter, count_message
-from ctxstore._scripts import Script, library
+from ctxstore._redis.scripts import Script, library
 
 RESULTS = Path(__file__).resolve().parent / "results" / "turns.json"
 INSTRUCTION_RESULTS = RESULTS.with_name("turns_instructions.json")

@@ -14,7 +14,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ctxstore.amplifier import StoreContextManager
     from ctxstore.budget import (
         Budget,
         resolve_budget,
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
         SummarizerError,
         SummarizerUnavailableError,
     )
+    from ctxstore.integrations.amplifier import StoreContextManager
     from ctxstore.lease import (
         Clock,
         Lease,
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         Message,
         RequestView,
         RewindResult,
+        SearchHit,
         SessionInfo,
         SessionSummary,
         StoredMessage,
@@ -75,7 +76,6 @@ if TYPE_CHECKING:
         WriteResult,
     )
     from ctxstore.recall import RecallTools
-    from ctxstore.search import SearchHit
     from ctxstore.settings import Settings
     from ctxstore.store import ContextStore
     from ctxstore.summarizers import (
@@ -128,13 +128,13 @@ _EXPORTS = {
     "RecallTools": "ctxstore.recall",
     "RequestView": "ctxstore.models",
     "RewindResult": "ctxstore.models",
-    "SearchHit": "ctxstore.search",
+    "SearchHit": "ctxstore.models",
     "SessionExistsError": "ctxstore.errors",
     "SessionInfo": "ctxstore.models",
     "SessionNotFoundError": "ctxstore.errors",
     "SessionSummary": "ctxstore.models",
     "Settings": "ctxstore.settings",
-    "StoreContextManager": "ctxstore.amplifier",
+    "StoreContextManager": "ctxstore.integrations.amplifier",
     "StoreError": "ctxstore.errors",
     "StoreFullError": "ctxstore.errors",
     "StoreClosedError": "ctxstore.errors",

@@ -50,14 +50,14 @@ from ctxstore.errors import (
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from ctxstore._cli_render import LimitRow
+    from ctxstore._cli.render import LimitRow
     from ctxstore.models import SessionInfo, TenantLimits
     from ctxstore.settings import Settings
     from ctxstore.store import ContextStore
 
-from ctxstore._cli_args import LIMIT_FLAGS, LIMITS, LISTED_MAX, check_args
-from ctxstore._cli_args import parser as _parser
-from ctxstore._cli_history import COMMANDS as HISTORY_COMMANDS
+from ctxstore._cli.args import LIMIT_FLAGS, LIMITS, LISTED_MAX, check_args
+from ctxstore._cli.args import parser as _parser
+from ctxstore._cli.history import COMMANDS as HISTORY_COMMANDS
 
 __all__ = ["LIMITS", "LIMIT_FLAGS", "main"]
 
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["demo"]:
-        from ctxstore.demo import main as demo
+        from ctxstore._cli.demo import main as demo
 
         return demo(argv[1:])
     parser = _parser()
@@ -235,7 +235,7 @@ def _store(settings: Settings, tenant: str | None) -> ContextStore:
 
 
 async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
-    from ctxstore._cli_render import SessionRow, show_sessions
+    from ctxstore._cli.render import SessionRow, show_sessions
 
     async with _store(settings, args.tenant) as store:
         listed = await store.list_sessions(limit=args.limit)
@@ -252,7 +252,7 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _infos(store: ContextStore, sessions: list[str]) -> list[SessionInfo]:
     """Each session's counters, a batch of round trips at a time."""
-    from ctxstore._cli_render import progress
+    from ctxstore._cli.render import progress
 
     found: list[SessionInfo] = []
     batch = 32
@@ -265,7 +265,7 @@ async def _infos(store: ContextStore, sessions: list[str]) -> list[SessionInfo]:
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
-    from ctxstore._cli_render import show_status
+    from ctxstore._cli.render import show_status
 
     async with _store(settings, args.tenant) as store:
         info = await store.info(args.session)
@@ -298,7 +298,7 @@ def _no_session(info: SessionInfo) -> int:
 
 
 async def _view(settings: Settings, args: argparse.Namespace) -> int:
-    from ctxstore._cli_render import show_view
+    from ctxstore._cli.render import show_view
 
     async with _store(settings, args.tenant) as store:
         info = await store.info(args.session, pins=False)
@@ -310,7 +310,7 @@ async def _view(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _search(settings: Settings, args: argparse.Namespace) -> int:
-    from ctxstore._cli_render import show_search
+    from ctxstore._cli.render import show_search
 
     async with _store(settings, args.tenant) as store:
         info = await store.info(args.session, pins=False)
@@ -324,7 +324,7 @@ async def _search(settings: Settings, args: argparse.Namespace) -> int:
 async def _sweep(settings: Settings, args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from ctxstore._cli_render import show_sweep
+    from ctxstore._cli.render import show_sweep
     from ctxstore.summary_queue import SummaryQueue
     from workers.logs import configure
     from workers.sweep import sweep
@@ -356,7 +356,7 @@ def _limits_error(exc: ValidationError) -> str:
 async def _limits(settings: Settings, args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from ctxstore._cli_render import show_limits
+    from ctxstore._cli.render import show_limits
     from ctxstore.models import TenantLimits
 
     changes = {name: getattr(args, name) for name in LIMIT_FLAGS if getattr(args, name) is not None}
@@ -379,11 +379,11 @@ async def _limits(settings: Settings, args: argparse.Namespace) -> int:
 def _limits_in_force(own: TenantLimits, settings: Settings) -> list[LimitRow]:
     """Each limit in force for a tenant and where it comes from.
 
-    As ``tenancy.Quotas.resolved`` combines them: the tenant's own value,
+    As ``quotas.Quotas.resolved`` combines them: the tenant's own value,
     else the setting's; ``message_bytes`` is capped by the setting whatever
     the tenant's own.
     """
-    from ctxstore._cli_render import LimitRow
+    from ctxstore._cli.render import LimitRow
 
     rows = []
     for name, (field, unit, _, _) in LIMITS.items():
@@ -410,7 +410,7 @@ def _limits_in_force(own: TenantLimits, settings: Settings) -> list[LimitRow]:
 
 
 async def _forget(settings: Settings, args: argparse.Namespace) -> int:
-    from ctxstore._cli_render import emit_json, show_forget_plan
+    from ctxstore._cli.render import emit_json, show_forget_plan
 
     async with _store(settings, args.tenant) as store:
         listed = await store.list_sessions(limit=LISTED_MAX)
@@ -442,7 +442,7 @@ async def _forget(settings: Settings, args: argparse.Namespace) -> int:
 async def _acl(settings: Settings, args: argparse.Namespace) -> int:
     import json
 
-    from ctxstore.acl import POD_USER, WORKER_USER, AclUser, render_acl, tenant_user_name
+    from ctxstore._tenant.acl import POD_USER, WORKER_USER, AclUser, render_acl, tenant_user_name
 
     rendered = [POD_USER, WORKER_USER, *(tenant_user_name(t) for t in args.tenants)]
     operators = [name for name in (args.admin, args.probe) if name is not None]
@@ -469,18 +469,19 @@ async def _acl(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _functions(settings: Settings, args: argparse.Namespace) -> int:
-    from ctxstore._scripts import LIBRARY_NAME, library
+    from ctxstore._redis.functions import load_functions, prune_functions
+    from ctxstore._redis.scripts import LIBRARY_NAME, library
 
     if args.action == "show":
         print(library(), end="")
         return 0
     async with _store(settings, None) as store:
         if args.action == "prune":
-            pruned = await store._connection.prune_functions()
+            pruned = await prune_functions(store._connection)
             for node, names in pruned.items():
                 print(f"deleted on {node}: {', '.join(names) or 'none'} (kept {LIBRARY_NAME})")
             return 0
-        nodes = await store._connection.load_functions()
+        nodes = await load_functions(store._connection)
     print(f"loaded {LIBRARY_NAME} on {', '.join(nodes)}")
     return 0
 

@@ -26,14 +26,14 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
-from ctxstore._scripts import SCRIPTS
-from ctxstore._validate import check_seconds
+from ctxstore._layout.validate import check_seconds
+from ctxstore._redis.scripts import SCRIPTS
 from ctxstore.errors import CtxstoreError, InvalidInputError, LeaseHeldError, LeaseLostError
 
 if TYPE_CHECKING:
-    from ctxstore._connection import Connection
-    from ctxstore._keys import SessionKeys
-    from ctxstore._scope import Scope
+    from ctxstore._layout.keys import SessionKeys
+    from ctxstore._parts.scope import Scope
+    from ctxstore._redis.connection import Connection
 
 __all__ = ["Clock", "Lease", "LeaseKind", "clock_arg", "fenced", "take_lease"]
 

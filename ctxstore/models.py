@@ -1,6 +1,6 @@
 """What the store answers: write results, history pages, session info, views, summaries.
 
-The messages themselves, and their checks, are :mod:`ctxstore.messages`'
+The messages themselves, and their checks, are :mod:`ctxstore._layout.messages`'
 (re-exported here, where they were first).
 """
 
@@ -16,7 +16,7 @@ from pydantic import (
     Field,
 )
 
-from ctxstore.messages import (
+from ctxstore._layout.messages import (
     ImageBlock,
     Message,
     RedactedThinkingBlock,
@@ -39,6 +39,7 @@ __all__ = [
     "RedactedThinkingBlock",
     "RequestView",
     "RewindResult",
+    "SearchHit",
     "SessionInfo",
     "SessionSummary",
     "StoredMessage",
@@ -321,6 +322,23 @@ class SessionInfo:
     shared_messages: int = 0
     checkpoints: int = 0
     branches: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One entry a search found.
+
+    Attributes:
+        entry_id: The entry (``ContextStore.get_entry`` returns it whole).
+        role: Its role, or its item type for an OpenAI Responses item.
+        snippet: Up to about 200 characters of its text around the first match.
+        score: Its BM25 score (higher is better; comparable within one search).
+    """
+
+    entry_id: str
+    role: str
+    snippet: str
+    score: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,10 +26,10 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ctxstore._formats import item_type
-from ctxstore._validate import check_entry_id
+from ctxstore._layout.formats import item_type
+from ctxstore._layout.validate import check_entry_id
+from ctxstore._parts.search import MAX_QUERY_CHARS, message_text
 from ctxstore.errors import CtxstoreError, InvalidInputError, QuotaExceededError
-from ctxstore.search import MAX_QUERY_CHARS, message_text
 
 if TYPE_CHECKING:
     from ctxstore.store import ContextStore

@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ctxstore._keys import validate_id, validate_prefix
+from ctxstore._layout.keys import validate_id, validate_prefix
 from ctxstore.errors import ConfigurationError
 
 __all__ = ["SentinelAddress", "Settings", "describe_errors", "sentinel_address"]

@@ -1,14 +1,19 @@
 """The store: one tenant's sessions, each a Redis Stream of messages.
 
-:class:`ContextStore` is a facade: each method calls the part that owns the
-concept (as ``limits``' storage classes delegate to small parts).
+:class:`ContextStore` is a facade: it is built on its tenant's parts
+(:mod:`ctxstore._parts.assembly`), and each method calls the part that owns
+the concept (as ``limits``' storage classes delegate to small parts).
 
-- writes (:mod:`ctxstore.writes`): appends, lock-free and idempotent;
-  replace and clear under the session's fenced lease;
-- reads (:mod:`ctxstore.reads`): history pages, entries, counters, and the
-  request view's one-round-trip snapshot, planned by :mod:`ctxstore.view`;
-- summaries (:mod:`ctxstore.summary`): the worker's job and its request;
-- tenancy (:mod:`ctxstore.tenancy`): the tenant's index, quotas, forgetting;
+- writes (:mod:`ctxstore._parts.writes`): appends, lock-free and idempotent;
+  edits (:mod:`ctxstore._parts.edits`): replace and clear under the session's
+  fenced lease, pop, pin, TTL and delete;
+- reads (:mod:`ctxstore._parts.reads`): history pages, entries, counters; the
+  request view (:mod:`ctxstore._parts.anchor`) over its one-round-trip snapshot
+  (:mod:`ctxstore._parts.snapshot`), planned by :mod:`ctxstore._plan`;
+- history moves: checkpoints, rewinds and branches, forks, export and import,
+  search (:mod:`ctxstore._parts`);
+- summaries (:mod:`ctxstore._parts.summary`): the worker's job and its request;
+- the tenant (:mod:`ctxstore._tenant`): its index, quotas, learned ratios, forgetting;
 - the queue hand-off (:mod:`ctxstore.summary_queue`).
 
 A store is bound to one tenant: every key it formats carries that tenant,
@@ -20,21 +25,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ctxstore import _keys
-from ctxstore._codec import Codec
-from ctxstore._connection import Connection, make_client
-from ctxstore._observe import Observer, observed, record_appends, record_view
-from ctxstore._scope import Memo, Scope
-from ctxstore._validate import check_model, check_usage
-from ctxstore.anchor import Viewer, WarmViews
-from ctxstore.archive import Archive
-from ctxstore.branches import Branches
-from ctxstore.budget import resolve_budget
-from ctxstore.checkpoints import Checkpoints
+from ctxstore._layout import keys as _keys
+from ctxstore._layout.codec import Codec
+from ctxstore._layout.memo import Memo
+from ctxstore._parts.assembly import Parts
+from ctxstore._parts.observe import Observer, observed, record_appends, record_view
+from ctxstore._parts.scope import Scope
+from ctxstore._plan.warm import WarmViews
+from ctxstore._redis.client import make_client
+from ctxstore._redis.connection import Connection
+from ctxstore._tenant.forget import forget_tenant
 from ctxstore.encryption import Keyring
-from ctxstore.forks import Forks
 from ctxstore.lease import Clock, Lease, LeaseKind, take_lease
-from ctxstore.lineage import Lineage
 from ctxstore.metrics import metrics_from_settings
 from ctxstore.models import (
     AppendResult,
@@ -45,6 +47,7 @@ from ctxstore.models import (
     ImportResult,
     RequestView,
     RewindResult,
+    SearchHit,
     SessionInfo,
     SessionSummary,
     StoredMessage,
@@ -52,14 +55,9 @@ from ctxstore.models import (
     TenantLimits,
     WriteResult,
 )
-from ctxstore.reads import Reader
-from ctxstore.search import Searcher, SearchHit
 from ctxstore.settings import Settings
-from ctxstore.summary import Summaries
 from ctxstore.summary_queue import Handoff, SummaryDue
-from ctxstore.tenancy import Quotas, Ratios, TenantIndex, forget_tenant
 from ctxstore.tokens import TiktokenCounter, TokenCounter, checked
-from ctxstore.writes import Writer
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -73,7 +71,7 @@ TENANT_STORES = 1_000
 the least recently asked for goes first, and is built again when asked for again."""
 
 
-class ContextStore:
+class ContextStore(Parts):
     """One tenant's context store.
 
     Build one with :meth:`from_settings` or :meth:`from_url`, use it as an
@@ -122,35 +120,11 @@ class ContextStore:
         self.counter = counter or TiktokenCounter()
         self.clock = clock
         self._connection = (_connection or Connection(client, settings)).for_tenant(tenant)
-        self._scope = scope = Scope(
-            tenant,
-            settings,
-            self._connection,
-            Codec(tenant, self.keyring),
-            checked(self.counter),
-            clock,
-        )
-        self._handoff = _handoff or Handoff(settings, on_summary_due, scope.wall_ms)
-        self._quotas = Quotas(scope)
-        self._ratios = Ratios(scope)
-        self._index = TenantIndex(scope)
-        self._lineage = Lineage(scope)
-        self._reader = Reader(scope, self._lineage)
-        self._viewer = Viewer(
-            scope,
-            _warm if _warm is not None else WarmViews(settings.view_cache_bytes),
-            self._lineage,
-        )
-        self._writer = Writer(
-            scope, self._quotas, self._index, self._handoff, self._lineage, self._viewer.warm
-        )
-        self._summaries = Summaries(scope, self._reader, self._handoff)
-        self._searcher = Searcher(scope, self._reader)
-        self._checkpoints = Checkpoints(scope, self._quotas)
-        self._branches = Branches(scope, self._quotas, self._lineage, self._checkpoints)
-        parts = (self._quotas, self._lineage, self._checkpoints)
-        self._forks = Forks(scope, *parts, self._writer, self._summaries, self._handoff)
-        self._archive = Archive(scope, self._reader, self._writer, self._checkpoints, self._quotas)
+        codec = Codec(tenant, self.keyring)
+        scope = Scope(tenant, settings, self._connection, codec, checked(self.counter), clock)
+        handoff = _handoff or Handoff(settings, on_summary_due, scope.wall_ms)
+        warm = _warm if _warm is not None else WarmViews(settings.view_cache_bytes)
+        super().__init__(scope, handoff, warm)  # the tenant's parts (ctxstore._parts.assembly)
         self._observer = _observer or Observer(metrics_from_settings(settings, registry), tenant)
         if _tenants is None:
             _tenants = Memo(TENANT_STORES)
@@ -308,14 +282,14 @@ class ContextStore:
             InvalidMessageError, ConflictError: Nothing is written.
             LeaseHeldError, LeaseLostError: The lease was held, or lost before the write.
         """
-        return await self._writer.rewrite(session, messages, expected_seq=expected_seq, lease=lease)
+        return await self._editor.rewrite(session, messages, expected_seq=expected_seq, lease=lease)
 
     @observed("clear")
     async def clear(
         self, session: str, *, expected_seq: int | None = None, lease: Lease | None = None
     ) -> WriteResult:
         """Drop every message (a reset), under the lease; the epoch is bumped."""
-        return await self._writer.rewrite(session, [], expected_seq=expected_seq, lease=lease)
+        return await self._editor.rewrite(session, [], expected_seq=expected_seq, lease=lease)
 
     @observed("pop")
     async def pop(self, session: str) -> StoredMessage | None:
@@ -327,11 +301,11 @@ class ContextStore:
         rate); the history is no longer append-only, so the epoch is bumped
         and the cached summary dropped if it covered that message.
         """
-        return await self._writer.pop(session)
+        return await self._editor.pop(session)
 
     async def pin(self, session: str, entry_id: str, pinned: bool = True) -> bool:
         """Pin (or unpin) a stored message: views send it always. False: no such entry."""
-        return await self._writer.pin(session, entry_id, pinned)
+        return await self._editor.pin(session, entry_id, pinned)
 
     async def set_ttl(self, session: str, seconds: int | None) -> None:
         """Give this session its own TTL (moved on by writes); ``None``: it never expires.
@@ -342,14 +316,12 @@ class ContextStore:
         Raises:
             SessionNotFoundError: The session does not exist.
         """
-        await self._writer.set_ttl(session, seconds)
+        await self._editor.set_ttl(session, seconds)
 
     @observed("delete")
     async def delete(self, session: str) -> bool:
         """Delete a session and everything of it. True if it existed."""
-        deleted = await self._writer.delete(session)
-        self._viewer.warm.discard(self.tenant, session)  # no copy of it stays in this pod
-        return deleted
+        return await self._editor.delete(session)
 
     # -- moving through the history ---------------------------------------------
 
@@ -378,7 +350,7 @@ class ContextStore:
 
         Fenced by the lease, as :meth:`replace` (``lease``: one held, consumed);
         what came after becomes a branch (:meth:`read_branch`), never destroyed
-        (:mod:`ctxstore.branches`).
+        (:mod:`ctxstore._parts.branches`).
 
         Raises:
             EntryNotFoundError, SessionNotFoundError: No such target, or session.
@@ -393,7 +365,7 @@ class ContextStore:
         """Start ``new_session`` with ``session``'s history up to ``at`` (default: its end).
 
         In bounded time: the history is shared, not copied; views stay one
-        round trip; the two then diverge (:mod:`ctxstore.forks`). ``at``: a
+        round trip; the two then diverge (:mod:`ctxstore._parts.forks`). ``at``: a
         checkpoint (or its id) or an entry id.
 
         Raises:
@@ -420,7 +392,9 @@ class ContextStore:
     # -- export and import -------------------------------------------------------
 
     def export_session(self, session: str, *, clear: bool = False) -> AsyncIterator[str]:
-        """The session as JSON Lines (no newlines), a page at a time (:mod:`ctxstore.archive`).
+        """The session as JSON Lines (no newlines), a page at a time.
+
+        The format is :mod:`ctxstore._parts.archive`'s.
 
         Sealed messages stay sealed unless ``clear`` (the store must hold the key).
 
@@ -497,14 +471,7 @@ class ContextStore:
             provider: An Amplifier provider, for its window.
             model: The model's name, for the safety factor.
         """
-        self._scope.keys(session)  # a bad id is refused before anything else
-        learned = await self._ratios.factors()
-        budget = resolve_budget(
-            token_budget, provider, model=model, settings=self.settings, learned=learned
-        )
-        view, snap = await self._viewer.view(session, budget)
-        await self._summaries.ask_if_needed(session, snap, budget.cl100k)
-        return view
+        return await self._viewer.request(session, token_budget, provider, model)
 
     async def get_messages_for_request(
         self, session: str, token_budget: int | None = None, provider: Any | None = None
@@ -530,8 +497,7 @@ class ContextStore:
         Returns:
             The factor now in force for ``model``.
         """
-        tokens = check_usage(view, input_tokens, overhead_tokens, model)
-        return await self._ratios.report(model, "usage", input_tokens - overhead_tokens, tokens)
+        return await self._ratios.usage(view, input_tokens, model, overhead_tokens)
 
     async def record_overflow(self, *, model: str) -> float:
         """The provider refused a view as too long: views for ``model`` get smaller, now.
@@ -539,8 +505,7 @@ class ContextStore:
         Returns:
             The factor now in force for ``model`` (it grew by at least 15%).
         """
-        check_model(model)
-        return await self._ratios.report(model, "overflow")
+        return await self._ratios.overflow(model)
 
     async def info(self, session: str, *, pins: bool = True) -> SessionInfo:
         """The session's counters, times, pins and summary state (``pins=False``: no pins)."""
@@ -556,7 +521,7 @@ class ContextStore:
         however long ago and whether or not a view still sends them. Whatever
         was appended since the index was last brought up to date (the worker
         does it after each summary) is indexed first. The cost follows the
-        query's matches, not the history's length (:mod:`ctxstore.search`).
+        query's matches, not the history's length (:mod:`ctxstore._parts.search`).
 
         Args:
             session: The session id.
@@ -620,7 +585,5 @@ class ContextStore:
         Raises:
             ForgetIncompleteError: Something could not be deleted (the rest was).
         """
-        self._viewer.warm.discard_tenant(self.tenant)
-        return await forget_tenant(
-            self._scope, self._index, self._quotas, self._handoff, self._lineage
-        )
+        parts = (self._index, self._quotas, self._handoff, self._lineage, self._viewer.warm)
+        return await forget_tenant(self._scope, *parts)

@@ -12,7 +12,7 @@ narrative) lets views send the largest level that fits. Two ship here:
   worker retries through arq with jittered backoff (the client's own retries
   are off); anything else raises :class:`~ctxstore.errors.SummarizerError`.
   ``anthropic`` is imported when one is built, never by ``import ctxstore``.
-- :class:`~ctxstore.ledger.LocalSummarizer`, deterministic and extractive,
+- :class:`~ctxstore._local.summarizer.LocalSummarizer`, deterministic and extractive,
   for machines with no API key.
 
 :func:`summarizer_from_settings` picks one. ``ctxstore.testing`` has a fake.
@@ -25,9 +25,9 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ctxstore._formats import REASONING, call_ids, item_type, result_ids
+from ctxstore._layout.formats import REASONING, call_ids, item_type, result_ids
+from ctxstore._local.summarizer import LocalSummarizer
 from ctxstore.errors import SummarizerError, SummarizerUnavailableError
-from ctxstore.ledger import LocalSummarizer
 from ctxstore.models import Summary
 from ctxstore.settings import Settings
 

@@ -38,9 +38,10 @@ from contextvars import ContextVar
 from enum import StrEnum
 from typing import Any
 
-from ctxstore._codec import text
-from ctxstore._connection import Connection, make_client
-from ctxstore._scripts import SCRIPTS
+from ctxstore._layout.codec import text
+from ctxstore._redis.client import make_client
+from ctxstore._redis.connection import Connection
+from ctxstore._redis.scripts import SCRIPTS
 from ctxstore.errors import CtxstoreError, PermissionDeniedError, StoreClosedError
 from ctxstore.settings import Settings, sentinel_address
 from ctxstore.tracing import enqueue_span

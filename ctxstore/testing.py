@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
-from ctxstore._formats import call_ids, entry_order, result_ids
+from ctxstore._layout.formats import call_ids, entry_order, result_ids
 from ctxstore.embedded import EmbeddedRedis, ServerStartError, start_server
 
 if TYPE_CHECKING:

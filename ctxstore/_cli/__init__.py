@@ -1,0 +1,1 @@
+"""The command line's parts: argument parsing, rendering, the history commands, the demo."""

@@ -1,0 +1,1 @@
+"""The Redis edge: the only code that imports redis."""
