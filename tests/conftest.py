@@ -12,30 +12,42 @@ import asyncio
 import importlib.util
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import hypothesis
 import pytest
 from redis.asyncio import Redis, RedisCluster
-from servers import PrivateRedis, ServerPool, any_redis_binary, redis7_binary
+from support.config import (
+    RUN_PREFIX,
+    SUMMARY_KEEP,
+    SUMMARY_TRIGGER,
+    THOROUGH,
+    cluster_or_skip,
+    examples,
+)
+from support.servers import PrivateRedis, ServerPool, any_redis_binary, redis7_binary
 
 from ctxstore import ContextStore, Settings
 from ctxstore.embedded import stop_embedded
 from ctxstore.testing import LocalCluster as Cluster
 from ctxstore.testing import ManualClock, redis_under_test, remove_keys
 
-RUN_PREFIX = f"ctxtest-{uuid.uuid4().hex[:10]}"
+hypothesis.settings.register_profile("thorough", deadline=None)
+hypothesis.settings.register_profile("quick", deadline=None, max_examples=examples(100))
+hypothesis.settings.load_profile("thorough" if THOROUGH else "quick")
+"""Hypothesis's own default (100 examples) or a fifth of it; no deadline (the machine is shared)."""
 
 # Test files whose every test needs an extra: `make test` runs the suite in the
 # worker environment (all of them) and again in the SDK's own (pods: no arq,
 # no anthropic, the newest redis-py), where these are left out.
 _NEEDS = {
-    "test_worker.py": "arq",
-    "test_worker_logs.py": "arq",
-    "test_deploy.py": "arq",
-    "test_summarizers.py": "anthropic",
-    "test_amplifier.py": "amplifier_core",
+    "workers/test_worker.py": "arq",
+    "workers/test_worker_logs.py": "arq",
+    "workers/test_deploy.py": "arq",
+    "workers/test_summarizers.py": "anthropic",
+    "integrations/test_amplifier.py": "amplifier_core",
 }
 collect_ignore = [name for name, module in _NEEDS.items() if not importlib.util.find_spec(module)]
 
@@ -87,23 +99,6 @@ def tenant() -> str:
     return f"t{uuid.uuid4().hex[:12]}"
 
 
-@contextmanager
-def cluster_or_skip(**shape: int) -> Iterator[Cluster]:
-    """A Redis Cluster of one's own (3 primaries, 3 replicas), stopped on exit.
-
-    The test (or fixture) is skipped when none can start here. ``shape``: another
-    ``primaries=`` or ``replicas=``.
-    """
-    try:
-        running = Cluster.start(**shape)
-    except RuntimeError as exc:
-        pytest.skip(f"no Redis Cluster here: {exc}")
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Iterator[Path]:
     """A data directory of this test's own; the embedded server started in it is stopped after."""
@@ -126,12 +121,10 @@ def backend(request: pytest.FixtureRequest) -> str:
     """Where the store runs: ``single`` (one Redis) or ``cluster``.
 
     Contract test modules run every test on both, with
-    ``pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)``.
+    ``pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)``, with
+    ``BACKENDS`` from ``support.config``.
     """
     return str(getattr(request, "param", "single"))
-
-
-BACKENDS = ["single", "cluster"]
 
 
 @pytest.fixture
@@ -155,12 +148,6 @@ def settings(backend: str, redis_url: str, request: pytest.FixtureRequest) -> Se
         running: Cluster = request.getfixturevalue("cluster")
         return Settings(redis_url=running.url, redis_cluster=True, queue_url=redis_url, **common)
     return Settings(redis_url=redis_url, **common)
-
-
-SUMMARY_TRIGGER = 400
-"""Tokens past the watermark that make a summary due, in ``summary_settings``."""
-SUMMARY_KEEP = 150
-"""Tokens a summary leaves raw, in ``summary_settings``."""
 
 
 @pytest.fixture
@@ -243,3 +230,19 @@ async def raw_redis(settings: Settings) -> AsyncIterator[Redis]:
     )
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+async def pods(settings: Settings, tenant: str) -> AsyncIterator[Callable[..., ContextStore]]:
+    """Builds stores on this test's tenant, each with its own connection and memory (a pod)."""
+    opened: list[ContextStore] = []
+
+    def make(clock: ManualClock | None = None, **overrides: Any) -> ContextStore:
+        own = settings.model_copy(update=overrides) if overrides else settings
+        pod = ContextStore.from_settings(own, tenant=tenant, clock=clock)
+        opened.append(pod)
+        return pod
+
+    yield make
+    for pod in opened:
+        await pod.aclose()
