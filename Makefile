@@ -1,5 +1,5 @@
 # One command surface for people, hooks and CI.
-# `make test` builds its own virtualenv (.venv) on first use, then runs everything.
+# `make test` builds its virtualenvs (.venv, .venv-sdk, .venv-pod) on first use, then runs the suite.
 
 PYTHON ?= python3
 VENV := .venv
@@ -39,12 +39,21 @@ $(POD_STAMP): pyproject.toml
 
 install: $(STAMP) $(SDK_STAMP) $(POD_STAMP)
 
-# The whole suite in the worker environment, then again in a pod's without hiredis
-# and in one as installed (tests that need the worker extra skip themselves there).
+# The whole suite once, in the worker environment (every extra but the frameworks'), then
+# what depends on the redis-py version or its reply parser (the Redis edge, the adapters) in
+# a pod's two environments: the newest redis-py without hiredis, and with it. Each runs
+# whatever an earlier one found; the target fails at the end if one did.
+# PYTEST_JOBS: parallel workers (pytest-xdist), `auto` = one per CPU.
+PYTEST_JOBS ?= auto
+PYTEST := pytest -q -n $(PYTEST_JOBS) --dist loadfile
+CLIENT_TESTS := tests/redis tests/integrations
+
 test: $(STAMP) $(SDK_STAMP) $(POD_STAMP)
-	$(BIN)/pytest -q
-	$(SDK_BIN)/pytest -q
-	$(POD_BIN)/pytest -q
+	@failed=""; \
+	$(BIN)/$(PYTEST) || failed="$$failed worker"; \
+	$(SDK_BIN)/$(PYTEST) $(CLIENT_TESTS) || failed="$$failed sdk"; \
+	$(POD_BIN)/$(PYTEST) $(CLIENT_TESTS) || failed="$$failed pod"; \
+	if [ -n "$$failed" ]; then echo "failed in:$$failed"; exit 1; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -88,7 +97,7 @@ soak: $(STAMP)
 	$(BIN)/pytest -q -m soak
 
 demo: $(STAMP)
-	$(BIN)/python -m ctxstore.demo
+	$(BIN)/ctxstore demo
 
 clean:
 	rm -rf $(VENV) $(SDK_VENV) $(POD_VENV) .pytest_cache .mypy_cache .ruff_cache
