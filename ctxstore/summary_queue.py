@@ -13,7 +13,7 @@ or failed long enough ago.
 - :class:`Handoff`: a store's side of it: one bounded attempt per due
   summary, then a pause during which the sweep makes up for it.
 
-(Named ``jobs``, not ``queue``: a module named ``queue`` in the package
+(Named ``summary_queue``, not ``queue``: a module named ``queue`` in the package
 directory shadows the standard library's for tools that import a file of the
 package by path, as ``amplifier-core validate`` does.)
 

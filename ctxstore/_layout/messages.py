@@ -294,7 +294,7 @@ def check_message(message: object, *, max_bytes: int, index: int | None = None) 
             raise InvalidMessageError(_describe(exc), index=index) from None
         except RecursionError as exc:
             raise InvalidMessageError(_TOO_DEEP, index=index) from exc
-    # Validated, the ids are where policies looks for them in a stored message.
+    # Validated, the ids are where view planning looks for them in a stored message.
     return Checked(message, data, role, tuple(call_ids(message)), tuple(result_ids(message)))
 
 

@@ -1,1 +1,4 @@
-"""The Redis edge: the only code that imports redis."""
+"""The Redis edge: the only part of the store that imports redis-py.
+
+(Besides it: ``summary_queue``'s Sentinel lookup, ``testing``'s servers and the arq worker.)
+"""

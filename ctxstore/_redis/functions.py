@@ -29,7 +29,7 @@ __all__ = ["library_names", "load_functions", "prune_functions"]
 T = TypeVar("T")
 
 _OUR_LIBRARY = re.compile(r"ctxstore_[0-9a-f]{12}")
-"""A Functions library's name as a version of ctxstore makes it (``_scripts.LIBRARY_NAME``)."""
+"""A Functions library's name as a version of ctxstore makes it (``scripts.LIBRARY_NAME``)."""
 
 
 def library_names(listed: Sequence[Any]) -> list[str]:

@@ -44,7 +44,7 @@ __all__ = [
     "valid_id",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ctxstore.tenancy")  # the name it had before the split: log configs use it
 
 T = TypeVar("T")
 

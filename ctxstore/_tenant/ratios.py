@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Ratios"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ctxstore.tenancy")  # the name it had before the split: log configs use it
 
 
 class Ratios:

@@ -5,5 +5,8 @@ imported by its own name: ``import ctxstore`` never loads a framework.
 
 - :mod:`ctxstore.integrations.openai_agents`: the OpenAI Agents SDK
   (extra ``openai-agents``);
-- :mod:`ctxstore.integrations.langchain`: LangChain (extra ``langchain``).
+- :mod:`ctxstore.integrations.langchain`: LangChain (extra ``langchain``);
+- :mod:`ctxstore.integrations.amplifier`: Amplifier's context manager, the
+  ``context-ctxstore`` module (extra ``amplifier``; the adapter itself
+  imports nothing of it).
 """

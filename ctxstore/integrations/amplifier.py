@@ -42,7 +42,7 @@ from ctxstore.store import ContextStore
 
 __all__ = ["RecallTool", "StoreContextManager", "mount"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ctxstore.amplifier")  # its name before it moved: log configs use it
 
 EVENTS = ("context:pre_compact", "context:post_compact")
 _SETTINGS_KEYS = ("redis_url", "tenant", "key_prefix")
