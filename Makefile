@@ -39,20 +39,20 @@ $(POD_STAMP): pyproject.toml
 
 install: $(STAMP) $(SDK_STAMP) $(POD_STAMP)
 
-# The whole suite once, in the worker environment (every extra but the frameworks'), then
-# what depends on the redis-py version or its reply parser (the Redis edge, the adapters) in
-# a pod's two environments: the newest redis-py without hiredis, and with it. Each runs
-# whatever an earlier one found; the target fails at the end if one did.
+# The whole suite once, in the worker environment (every extra but the frameworks'). Then
+# what depends on the redis-py version or its reply parser, the Redis edge (tests/redis), in
+# a pod's two environments: the newest redis-py without hiredis, and with it (as pip installs
+# a pod), where the framework adapters (tests/integrations) run too. Each runs whatever an
+# earlier one found; the target fails at the end if one did.
 # PYTEST_JOBS: parallel workers (pytest-xdist), `auto` = one per CPU.
 PYTEST_JOBS ?= auto
 PYTEST := pytest -q -n $(PYTEST_JOBS) --dist loadfile
-CLIENT_TESTS := tests/redis tests/integrations
 
 test: $(STAMP) $(SDK_STAMP) $(POD_STAMP)
 	@failed=""; \
 	$(BIN)/$(PYTEST) || failed="$$failed worker"; \
-	$(SDK_BIN)/$(PYTEST) $(CLIENT_TESTS) || failed="$$failed sdk"; \
-	$(POD_BIN)/$(PYTEST) $(CLIENT_TESTS) || failed="$$failed pod"; \
+	$(SDK_BIN)/$(PYTEST) tests/redis || failed="$$failed sdk"; \
+	$(POD_BIN)/$(PYTEST) tests/redis tests/integrations || failed="$$failed pod"; \
 	if [ -n "$$failed" ]; then echo "failed in:$$failed"; exit 1; fi
 
 lint: $(STAMP)
