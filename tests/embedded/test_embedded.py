@@ -118,7 +118,7 @@ def _environment(data_dir: Path) -> dict[str, str]:
     return env
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
     """Poll ``condition`` until it holds (True) or ``timeout`` passes (False)."""
     deadline = time.monotonic() + timeout
     while not condition():

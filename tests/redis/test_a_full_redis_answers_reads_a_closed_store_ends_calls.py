@@ -45,6 +45,7 @@ from ctxstore import (
     TenantLimits,
 )
 from ctxstore._redis import connection as _connection
+from ctxstore._redis.coalescer import Coalescer
 from ctxstore._redis.functions import load_functions
 from ctxstore._tenant.acl import render_acl, tenant_user_name
 from ctxstore.testing import LocalCluster as Cluster
@@ -615,25 +616,28 @@ def _calls(store: ContextStore) -> list[Any]:
     ]
 
 
-def _hold_the_send(patch: pytest.MonkeyPatch, k: int) -> tuple[asyncio.Event, asyncio.Event]:
-    """Every store's k-th send (0: the first) waits for ``go`` before it takes a connection.
+def _hold_the_send(
+    patch: pytest.MonkeyPatch, k: int, calls: set[asyncio.Task[Any]]
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """The k-th send (0: the first) that ``calls`` make waits for ``go`` before it is sent.
 
-    Answers ``(held, go)``: ``held`` is set once that send waits. The calls it carries (one
-    call's commands, or a batch's) are in flight until ``go``.
+    Answers ``(held, go)``: ``held`` is set once that send waits, its call in flight until
+    ``go``. Sends of other tasks (an index touch a call left behind) go, uncounted.
     """
-    send = _connection.Connection._send
+    send = Coalescer.send
     held, go = asyncio.Event(), asyncio.Event()
     sends = 0
 
-    async def holding(self: Any, key: str, commands: Any) -> list[Any]:
+    async def holding(self: Any, node: Any, key: str, commands: Any, lone: Any) -> list[Any]:
         nonlocal sends
-        sends += 1
-        if sends == k + 1:
-            held.set()
-            await go.wait()
-        return await send(self, key, commands)
+        if asyncio.current_task() in calls:
+            sends += 1
+            if sends == k + 1:
+                held.set()
+                await go.wait()
+        return await send(self, node, key, commands, lone)
 
-    patch.setattr(_connection.Connection, "_send", holding)
+    patch.setattr(Coalescer, "send", holding)
     return held, go
 
 
@@ -646,12 +650,15 @@ async def _closed_at_a_send(
     """Each of ``stores``' ``_calls`` made at once, ``closing`` closed as their k-th send waits.
 
     Answers whether the close came, and each call's outcome. ``k`` None: the close comes
-    before any call has run; else as the k-th send waits to go, if there is one (if every
-    call ends first, there is no close). The send goes on once the close is done.
+    before any call has run; else as the k-th send of the calls waits to go, if there is
+    one (if every call ends first, there is no close). The send goes on once the close is
+    done: its call, in flight at the close, fails as a closed store's.
     """
     with monkeypatch.context() as patch:
-        held, go = _hold_the_send(patch, -1 if k is None else k)
+        ours: set[asyncio.Task[Any]] = set()
+        held, go = _hold_the_send(patch, -1 if k is None else k, ours)
         tasks = [asyncio.ensure_future(c) for store in stores for c in _calls(store)]
+        ours.update(tasks)  # before any of them runs
         ended = asyncio.gather(*tasks, return_exceptions=True)
         try:
             async with asyncio.timeout(60):  # a safety net: a call that never ends fails here
@@ -685,28 +692,31 @@ async def test_closing_a_tenants_store_ends_every_tenants_calls_in_flight(
     for k in [None, *range(200)]:
         root = ContextStore.from_settings(config, tenant="acme")
         beta = root.for_tenant("beta")
-        for store in (root, beta):
-            await store.append_many("s", [turn(i) for i in range(20)])
-        came, ended = await _closed_at_a_send(monkeypatch, k, (root, beta), beta)
-        failed = [repr(e) for e in ended if isinstance(e, BaseException)]
-        if not came:  # every call ended before a k-th send: each as on an open store
-            assert not failed, failed
+        try:
+            for store in (root, beta):
+                await store.append_many("s", [turn(i) for i in range(20)])
+            came, ended = await _closed_at_a_send(monkeypatch, k, (root, beta), beta)
+            failed = [repr(e) for e in ended if isinstance(e, BaseException)]
+            if not came:  # every call ended before a k-th send: each as on an open store
+                assert not failed, failed
+                break
+            closed = sum(e.startswith("StoreClosedError") for e in failed)
+            odd += [(k, e) for e in failed if not e.startswith("StoreClosedError")]
+            if k is None:
+                assert closed == len(ended)  # closed before any call ran: each fails
+            else:
+                assert closed > 0, k  # the waiting send's calls were in flight
+            assert not connected(root), k
+            for store in (root, beta, root.for_tenant("gamma"), beta.for_tenant("acme")):
+                for call in _calls(store):
+                    with pytest.raises(StoreClosedError):
+                        await call
+            await root.aclose()
             await beta.aclose()
-            break
-        closed = sum(e.startswith("StoreClosedError") for e in failed)
-        odd += [(k, e) for e in failed if not e.startswith("StoreClosedError")]
-        if k is None:
-            assert closed == len(ended)  # closed before any call ran: each fails
-        else:
-            assert closed > 0, k  # the waiting send's calls were in flight
-        assert not connected(root), k
-        for store in (root, beta, root.for_tenant("gamma"), beta.for_tenant("acme")):
-            for call in _calls(store):
-                with pytest.raises(StoreClosedError):
-                    await call
-        await root.aclose()
-        await beta.aclose()
-        assert not connected(root)
+            assert not connected(root)
+        finally:  # a round that failed leaves no socket for a later test to meet
+            await beta.aclose()
+            await root.aclose()
     assert not odd
     assert k, "the close came at no send"
 
@@ -743,8 +753,11 @@ async def test_a_pipeline_in_flight_at_the_close_leaves_no_connection_open(
 async def test_a_call_waiting_to_retry_fails_at_once_when_the_store_closes(
     private: PrivateRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """README: a call in flight at the close fails at once; here one waiting out its backoff."""
-    config = settings_for(private.url(), retry_base_delay=30, retry_max_delay=30)
+    """README: a call in flight at the close fails at once; here one waiting out its backoff.
+
+    An hour of it: only the close can end the call before the test's safety net.
+    """
+    config = settings_for(private.url(), retry_base_delay=3600, retry_max_delay=3600)
     store = ContextStore.from_settings(config, tenant="acme")
     waiting = asyncio.Event()
 
@@ -761,7 +774,7 @@ async def test_a_call_waiting_to_retry_fails_at_once_when_the_store_closes(
             await waiting.wait()
         await store.aclose()
         with pytest.raises(StoreClosedError):
-            async with asyncio.timeout(2):  # 30 s of backoff left
+            async with asyncio.timeout(60):  # a safety net: the backoff has an hour left
                 await call
     finally:
         call.cancel()
@@ -864,25 +877,28 @@ async def test_closing_a_cluster_store_ends_its_calls_in_flight(
     for k in [None, *range(200)]:
         root = ContextStore.from_settings(config, tenant="acme")
         beta = root.for_tenant("beta")
-        for store in (root, beta):
-            await store.append_many("s", [turn(i) for i in range(20)])
-        came, ended = await _closed_at_a_send(monkeypatch, k, (root, beta), root)
-        failed = [repr(e) for e in ended if isinstance(e, BaseException)]
-        if not came:  # every call ended before a k-th send: each as on an open store
-            assert not failed, failed
+        try:
+            for store in (root, beta):
+                await store.append_many("s", [turn(i) for i in range(20)])
+            came, ended = await _closed_at_a_send(monkeypatch, k, (root, beta), root)
+            failed = [repr(e) for e in ended if isinstance(e, BaseException)]
+            if not came:  # every call ended before a k-th send: each as on an open store
+                assert not failed, failed
+                await root.aclose()
+                assert not cluster_open(root)
+                break
+            closed = sum(e.startswith("StoreClosedError") for e in failed)
+            odd += [(k, e) for e in failed if not e.startswith("StoreClosedError")]
+            if k is None:
+                assert closed == len(ended)  # closed before any call ran: each fails
+            else:
+                assert closed > 0, k  # the waiting send's calls were in flight
+            assert not cluster_open(root), k
+            with pytest.raises(StoreClosedError):
+                await beta.get_messages("s")
+            assert not cluster_open(root), k
+        finally:  # a round that failed leaves no socket for a later test to meet
             await root.aclose()
-            assert not cluster_open(root)
-            break
-        closed = sum(e.startswith("StoreClosedError") for e in failed)
-        odd += [(k, e) for e in failed if not e.startswith("StoreClosedError")]
-        if k is None:
-            assert closed == len(ended)  # closed before any call ran: each fails
-        else:
-            assert closed > 0, k  # the waiting send's calls were in flight
-        assert not cluster_open(root), k
-        with pytest.raises(StoreClosedError):
-            await beta.get_messages("s")
-        assert not cluster_open(root), k
     assert not odd
     assert k, "the close came at no send"
 
@@ -985,9 +1001,12 @@ async def test_calls_waiting_for_a_connection_fail_at_once_when_the_store_closes
 ) -> None:
     """Calls waiting for a pooled connection at the close end at once, as closed-store calls.
 
-    One connection, held by a call on a stalled server; three calls wait for it.
+    One connection, held by a call on a stalled server; three calls wait for it, their
+    deadline an hour away: only the close can end them before the test's safety net.
     """
-    config = settings_for(private.url(), max_connections=1, coalesce_calls=0, operation_timeout=20)
+    config = settings_for(
+        private.url(), max_connections=1, coalesce_calls=0, operation_timeout=3600
+    )
     store = ContextStore.from_settings(config, tenant="acme")
     pool: Any = store._connection.client.connection_pool
     await store.append("s", turn(0))
@@ -996,7 +1015,7 @@ async def test_calls_waiting_for_a_connection_fail_at_once_when_the_store_closes
         calls = [asyncio.ensure_future(store.get_messages("s")) for _ in range(4)]
         await loop_until(lambda: len(pool._condition._waiters) == 3)
         await store.aclose()
-        async with asyncio.timeout(3):  # 20 s before their deadline
+        async with asyncio.timeout(60):  # a safety net: their deadline is an hour away
             ended = await asyncio.gather(*calls, return_exceptions=True)
         assert all(isinstance(e, StoreClosedError) for e in ended), ended
     finally:

@@ -509,11 +509,24 @@ async def test_messages_near_the_largest_share_batches_with_small_calls(
 async def test_writes_waiting_for_replicas_each_hold_a_connection_of_their_own(
     private: PrivateRedis,
 ) -> None:
-    """Twenty appends that WAIT for a replica, with reads: each WAIT alone, the reads not held."""
+    """Twenty appends that WAIT for a replica, with reads: each WAIT alone, the reads not held.
+
+    Each WAIT waits a minute (no replica will answer): until the test ends it (CLIENT
+    UNBLOCK, as its timeout would), so none ends before the others and the reads are there.
+    """
     settings = own_settings(
-        private.url(), replica_acks=1, replica_ack_timeout_ms=500, retry_attempts=0
+        private.url(),
+        replica_acks=1,
+        replica_ack_timeout_ms=60_000,
+        operation_timeout=120,
+        retry_attempts=0,
     )
     admin = Redis.from_url(private.url())
+
+    async def in_wait() -> list[int]:
+        clients = await admin.client_list()
+        return [int(c["id"]) for c in clients if c["cmd"] == "wait" and "b" in c["flags"]]
+
     try:
         async with ContextStore.from_settings(settings, tenant="acme") as store:
             for i in range(20):
@@ -523,11 +536,15 @@ async def test_writes_waiting_for_replicas_each_hold_a_connection_of_their_own(
                 return_exceptions=True,
             )
 
-            while sum(c["cmd"] == "wait" for c in await admin.client_list()) < 20:
+            while len(await in_wait()) < 20:
                 assert not appends.done()  # until each WAITs on a connection of its own
             reads = await asyncio.gather(*(store.get_messages(f"s{i}") for i in range(20)))
             assert not appends.done()  # the reads were not held behind any WAIT
             assert all(len(r) <= 1 for r in reads)
+            async with asyncio.timeout(60):  # a safety net
+                while not appends.done():  # each WAIT ended now, as at its timeout
+                    for client in await in_wait():
+                        await admin.execute_command("CLIENT", "UNBLOCK", client)
             results = await appends
             assert all(isinstance(r, ReplicationError) for r in results)  # there is no replica
     finally:
@@ -540,14 +557,18 @@ from ctxstore import ContextStore, Settings
 settings = Settings(redis_url=sys.argv[1], key_prefix="attack", queue_name="attack:summaries",
     script_mode="eval", coalesce_calls=int(sys.argv[2]), retry_attempts=2, operation_timeout=2)
 rounds = []
-for turns in range(12):
+for turns in [*range(12), None]:
     store = ContextStore.from_settings(settings, tenant="acme")
     async def first():
         await store.append("warm", {"role": "user", "content": "x"})
         for i in range(20):
             asyncio.ensure_future(store.append(f"s{i}", {"role": "user", "content": "m"}))
-        for _ in range(turns):
+        for _ in range(turns or 0):
             await asyncio.sleep(0)
+        # None: every append, and what it left to run (an index touch), ends first: their
+        # connections stay in the pool, connected, for the next loop to meet.
+        while turns is None and (rest := asyncio.all_tasks() - {asyncio.current_task()}):
+            await asyncio.gather(*rest, return_exceptions=True)
     asyncio.run(first())  # ends with the appends in flight (asyncio.run cancels them)
     pool = store._connection.client.connection_pool
     stale = sum(c.is_connected for c in [*pool._available_connections, *pool._in_use_connections])
@@ -571,8 +592,10 @@ def test_a_new_event_loop_fails_no_call_on_connections_left_behind(
 ) -> None:
     """asyncio.run again after one ended with appends in flight: no call or close fails.
 
-    The sockets the first loop left are closed, not left to warn when collected. In a
-    process of its own, where every ResourceWarning is shown.
+    Ended at each of the first turns of 20 appends, then once they all ended (the first
+    loop's connections left in the pool, connected, by construction). The sockets the
+    first loop left are closed, not left to warn when collected. In a process of its own,
+    where every ResourceWarning is shown.
     """
     done = subprocess.run(
         [
@@ -591,7 +614,7 @@ def test_a_new_event_loop_fails_no_call_on_connections_left_behind(
         check=True,
     )
     rounds = json.loads(done.stdout.strip().splitlines()[-1])
-    assert sum(stale for _, stale, _ in rounds) > 0, "no round left a connection behind"
+    assert rounds[-1][1] > 0, "the round whose appends ended left no connection behind"
     failed = [(turns, stale, failed) for turns, stale, failed in rounds if failed]
     assert not failed, f"(turns, connections left, failures): {failed[:3]}"
     assert "ResourceWarning" not in done.stderr, done.stderr[-2000:]

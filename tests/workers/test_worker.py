@@ -283,7 +283,7 @@ async def test_a_replace_during_the_job_refuses_its_commit(
     gen, gate, fake = await gated_job(store)
     running = asyncio.create_task(run_burst(store.settings, fake, keep_result=KEPT))
     try:
-        await asyncio.wait_for(fake.started.wait(), 10)
+        await asyncio.wait_for(fake.started.wait(), 60)  # a safety net
         new_history = [SYSTEM, *(turn(i) for i in range(100, 112))]
         await store.replace("s", new_history)  # a writer takes the lease from the worker
     finally:
@@ -389,8 +389,8 @@ async def test_two_workers_on_one_session_commit_once_per_coverage_point(
     ]
     running = asyncio.gather(*(w.main() for w in pair))
     try:
-        await asyncio.wait_for(fake.started.wait(), 10)
-        async with asyncio.timeout(10):
+        await asyncio.wait_for(fake.started.wait(), 60)  # a safety net
+        async with asyncio.timeout(60):  # a safety net: waits on a condition
             while sum(w.jobs_retried for w in pair) < 1:  # noqa: ASYNC110 - waits on a condition
                 await asyncio.sleep(0.01)
         # More than the trigger arrives mid-job: the commit must hand out the next generation.
@@ -496,7 +496,7 @@ async def test_a_commit_whose_next_job_cannot_be_queued_succeeds_and_the_sweep_q
     worker = build_worker(store.settings, summarizer=fake, burst=True, keep_result=KEPT)
     running = asyncio.create_task(worker.main())
     try:
-        await asyncio.wait_for(fake.started.wait(), 10)
+        await asyncio.wait_for(fake.started.wait(), 60)  # a safety net
         # More than the trigger arrives mid-job: the commit hands out the next generation.
         for i in range(100, 111):
             await store.append("s", turn(i))
@@ -580,7 +580,7 @@ async def test_worker_check_exits_0_while_the_worker_runs_and_1_after_it_stops(
     worker = build_worker(wsettings, summarizer=FakeSummarizer())
     running = asyncio.create_task(worker.async_run())
     try:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(60):  # a safety net: waits on a condition
             while not await raw_redis.exists(key):
                 assert not running.done()
                 await asyncio.sleep(0.05)
