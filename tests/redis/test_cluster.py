@@ -191,8 +191,8 @@ async def test_wait_refuses_when_no_replica_can_acknowledge(
     settings = failover_settings(own_cluster, redis_url, replica_acks=2).model_copy(
         # WAIT 2 with one replica waits out its whole timeout (twice: the reservation and the
         # write), and the one replica must answer within it: 50 ms saw 0 of 2 once under load,
-        # so a second, which no loaded machine misses.
-        update={"replica_ack_timeout_ms": 1000, "retry_attempts": 0}
+        # so a second, which no loaded machine misses (and a deadline past both WAITs).
+        update={"replica_ack_timeout_ms": 1000, "operation_timeout": 10.0, "retry_attempts": 0}
     )
     async with ContextStore.from_settings(settings, tenant=tenant) as store:
         with pytest.raises(ReplicationError) as caught:
