@@ -349,30 +349,32 @@ async def test_a_deadline_mid_big_reply_never_hands_it_to_the_next(private: Priv
     setup = connection_to(private.url(), 10)
     await setup.call(lambda: setup.node_call("big", [("SET", "big", big), ("SET", "small", "s")]))
     await setup.aclose()
-    pool = connection._pool
-    assert pool is not None
-    for _ in range(5):
-        assert await ping(connection) == [b"PONG"]  # the one connection, idle in the pool
-        (held,) = pool._available_connections
-        stream, reads = held._reader, 0
-        read = stream.read
+    try:
+        pool = connection._pool
+        assert pool is not None
+        for _ in range(5):
+            assert await ping(connection) == [b"PONG"]  # the one connection, idle in the pool
+            (held,) = pool._available_connections
+            stream, reads = held._reader, 0
+            read = stream.read
 
-        async def first_read_only(n: int = -1, read: Any = read) -> bytes:
-            nonlocal reads
-            reads += 1
-            if reads > 1:
-                await asyncio.Event().wait()  # the rest of the reply, not in time
-            return await read(n)
+            async def first_read_only(n: int = -1, read: Any = read) -> bytes:
+                nonlocal reads
+                reads += 1
+                if reads > 1:
+                    await asyncio.Event().wait()  # the rest of the reply, not in time
+                return await read(n)
 
-        stream.read = first_read_only  # type: ignore[method-assign]
-        with pytest.raises(StoreUnavailableError):
-            await connection.call(lambda: connection.node_call("big", [("GET", "big")]))
-        assert reads == 2  # the deadline came with the reply half read
-        reply = await connection.call(
-            lambda: connection.node_call("small", [("GET", "small"), ("PING",)])
-        )
-        assert reply == [b"s", b"PONG"]
-    await connection.aclose()
+            stream.read = first_read_only  # type: ignore[method-assign]
+            with pytest.raises(StoreUnavailableError):
+                await connection.call(lambda: connection.node_call("big", [("GET", "big")]))
+            assert reads == 2  # the deadline came with the reply half read
+            reply = await connection.call(
+                lambda: connection.node_call("small", [("GET", "small"), ("PING",)])
+            )
+            assert reply == [b"s", b"PONG"]
+    finally:
+        await connection.aclose()  # a failed round leaves no socket to a later test
 
 
 # --- the pool's fast return -----------------------------------------------------------------------
