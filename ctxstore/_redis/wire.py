@@ -15,11 +15,7 @@ from typing import Any, cast
 from redis import exceptions as rex
 from redis._parsers import hiredis as _hiredis_parser
 
-hiredis: Any
-try:
-    import hiredis
-except ImportError:  # redis-py runs without it, and so does ctxstore (packing is slower)
-    hiredis = None
+from ctxstore._redis.pool import hiredis  # None where it is not installed
 
 __all__ = ["pack", "read_replies"]
 
