@@ -8,7 +8,8 @@
   worker needs on the queue's keys.
 - ``ctxstore-t-<tenant>``: optional, one per tenant, for pods that serve a
   single tenant: that tenant's keys only (its limits read-only), no queue
-  (its summaries are queued by the workers' sweep), and no script of its
+  (its summaries are queued by the workers' sweep, which finds the tenant by
+  the user's name), no key shared with other tenants, and no script of its
   own: it runs the project's scripts as Redis Functions (``FCALL``, as the
   default ``script_mode``, auto, does once ``ctxstore functions load`` loaded
   them), so it cannot block the server for every tenant with an endless ``EVAL``.
@@ -71,9 +72,11 @@ ENQUEUE = ("watch", "unwatch", "psetex", "get")
 """arq's enqueue and job status, beyond the store's commands."""
 
 WORKER = (
-    "expire", "incr", "incrby", "set", "setex", "smembers", "srem", "zincrby", "zrangebyscore",
+    "acl|users", "expire", "incr", "incrby", "set", "setex", "smembers", "srem", "sscan",
+    "zincrby", "zrangebyscore",
 )  # fmt: skip
-"""An arq worker (polling, in-progress locks, retries, results, health) and the sweep."""
+"""An arq worker (polling, in-progress locks, retries, results, health) and the sweep, which
+finds the tenants that have users of their own by the users' names (``ACL USERS``)."""
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,12 @@ class AclUser:
         return " ".join(parts)
 
 
+TENANT_USER_PREFIX = "ctxstore-t-"
+
+
 def tenant_user_name(tenant: str) -> str:
     """The name of a tenant's own user."""
-    return f"ctxstore-t-{validate_id(tenant, 'tenant')}"
+    return f"{TENANT_USER_PREFIX}{validate_id(tenant, 'tenant')}"
 
 
 def users(
@@ -159,10 +165,9 @@ def users(
                     tenant_segments_key(prefix, tenant),
                 ),
                 CONNECTION + STORE,
-                # Its quotas are the operator's: readable, not writable.
+                # Its quotas are the operator's: readable, not writable. No shared key at
+                # all: the workers' sweep finds the tenant by this user's name.
                 read_keys=(f"{prefix}:{{{tenant}}}:limits",),
-                # It may say that it exists, for the workers' sweep; nothing else there.
-                selectors=(f"(~{prefix}:tenants +sadd)",),
             )
         )
     return rendered

@@ -27,7 +27,14 @@ from ctxstore._layout.memo import Memo
 from ctxstore._layout.validate import INT64, check_int
 from ctxstore._redis.connection import Commands
 from ctxstore._redis.scripts import SCRIPTS
-from ctxstore.errors import CtxstoreError, InvalidIdError, QuotaExceededError, StoreFullError
+from ctxstore._tenant.acl import TENANT_USER_PREFIX
+from ctxstore.errors import (
+    CtxstoreError,
+    InvalidIdError,
+    PermissionDeniedError,
+    QuotaExceededError,
+    StoreFullError,
+)
 from ctxstore.lease import clock_arg
 from ctxstore.models import SessionSummary
 
@@ -91,6 +98,7 @@ class TenantIndex:
         self._pending = _keys.tenant_pending_keys(scope.prefix, scope.tenant)
         self.deleted_key = _keys.tenant_deleted_key(scope.prefix, scope.tenant)
         self._known: Memo[str, float] = Memo()  # sessions this process touched, and when
+        self._unlisted = False  # its user may not write the tenants set
 
     @property
     def keys(self) -> tuple[str, str, str, str]:
@@ -200,9 +208,16 @@ class TenantIndex:
         On every reservation, not once per process: ``forget_tenant`` (on any
         pod) takes the tenant out, and its next session must bring it back.
         """
-        await self._scope.connection.transaction(
-            [("SADD", self.tenants_key, self._scope.tenant)], key=self.tenants_key
-        )
+        if self._unlisted:
+            return
+        try:
+            await self._scope.connection.transaction(
+                [("SADD", self.tenants_key, self._scope.tenant)], key=self.tenants_key
+            )
+        except PermissionDeniedError:
+            # A tenant's own user may touch no shared key: the sweep finds the tenant by
+            # the user's name instead (see tenants()).
+            self._unlisted = True
 
     async def unlist(
         self,
@@ -330,14 +345,30 @@ class TenantIndex:
     async def tenants(self) -> list[str]:
         """Every tenant that has written a session (for operators and the workers' sweep).
 
-        Members that are not valid tenant ids (a tenant's own user may add
-        some) are left out, and logged.
+        The tenants set holds those whose pods run as the shared pod user;
+        those with a Redis user of their own are found by its name
+        (``ACL USERS``, where this user may list them). Names that are not
+        valid tenant ids are left out, and logged. The set is read in pages,
+        so no one reply holds all of it.
         """
-        (members,) = await self._scope.connection.transaction(
-            [("SMEMBERS", self.tenants_key)], key=self.tenants_key
-        )
-        names = sorted(text(m) for m in members)
-        valid = [name for name in names if valid_id(name)]
+        connection = self._scope.connection
+        names: set[str] = set()
+        cursor: Any = 0
+        while True:
+            ((cursor, members),) = await connection.transaction(
+                [("SSCAN", self.tenants_key, cursor, "COUNT", 1000)], key=self.tenants_key
+            )
+            names.update(text(m) for m in members)
+            if text(cursor) == "0":
+                break
+        with contextlib.suppress(PermissionDeniedError):  # a pod's user may not list users
+            (users,) = await connection.batch([("ACL", "USERS")], key=self.tenants_key)
+            names.update(
+                text(u).removeprefix(TENANT_USER_PREFIX)
+                for u in users
+                if text(u).startswith(TENANT_USER_PREFIX)
+            )
+        valid = sorted(name for name in names if valid_id(name))
         if len(valid) < len(names):
             log.warning(
                 "skipped %d malformed members of %s", len(names) - len(valid), self.tenants_key
