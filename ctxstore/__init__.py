@@ -81,6 +81,7 @@ if TYPE_CHECKING:
     from ctxstore.summarizers import (
         AnthropicSummarizer,
         LocalSummarizer,
+        OpenAISummarizer,
         Summarizer,
     )
     from ctxstore.tokens import (
@@ -122,6 +123,7 @@ _EXPORTS = {
     "MalformedArchiveError": "ctxstore.errors",
     "Message": "ctxstore.models",
     "MessageTooLargeError": "ctxstore.errors",
+    "OpenAISummarizer": "ctxstore.summarizers",
     "PermissionDeniedError": "ctxstore.errors",
     "QuotaExceededError": "ctxstore.errors",
     "ReplicationError": "ctxstore.errors",
@@ -188,6 +190,7 @@ __all__ = [
     "MalformedArchiveError",
     "Message",
     "MessageTooLargeError",
+    "OpenAISummarizer",
     "PermissionDeniedError",
     "QuotaExceededError",
     "RecallTools",

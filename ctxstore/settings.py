@@ -170,10 +170,22 @@ class Settings(BaseSettings):
             a cached system prompt stays byte-stable) or ``system``.
         summary_retry_seconds: After a failed summary, the sweep waits this
             long before it queues the session again.
-        anthropic_api_key: With a key, summaries come from Anthropic's API;
-            without one, from the local extractive summarizer. Also read
-            from ``ANTHROPIC_API_KEY``.
-        summary_model: The Anthropic model that writes summaries.
+        summarizer: Who writes the summaries: ``anthropic`` (Anthropic's API),
+            ``openai`` (OpenAI's API, or a server that speaks it at
+            ``openai_base_url``: vLLM, Ollama, LiteLLM), ``local`` (the local
+            extractive summarizer), or ``auto`` (the default): Anthropic's
+            with ``anthropic_api_key`` set, else the local one.
+        anthropic_api_key: Anthropic's API key. Also read from
+            ``ANTHROPIC_API_KEY``.
+        openai_api_key: The key of OpenAI's API, or of the server at
+            ``openai_base_url`` (``None``: a server that needs none). Also
+            read from ``OPENAI_API_KEY``.
+        openai_base_url: The API root of an OpenAI-compatible server
+            (``http://localhost:8000/v1``); ``None``: OpenAI's. Also read
+            from ``OPENAI_BASE_URL``.
+        summary_model: The model that writes summaries, as its API names
+            it; ``None``: ``claude-haiku-4-5`` for Anthropic's (OpenAI's
+            summarizer needs one named).
         summary_timeout: Seconds one summarizer call may take.
         queue_url: The Redis of the worker queue (arq cannot use Redis
             Cluster); the store's Redis by default. A ``redis://``,
@@ -274,11 +286,20 @@ class Settings(BaseSettings):
     view_cache_bytes: Annotated[int, Field(ge=0, le=1 << 40)] = 64 << 20
     summary_role: Literal["user", "system"] = "user"
     summary_retry_seconds: Annotated[float, Field(ge=0)] = 600.0
+    summarizer: Literal["auto", "anthropic", "openai", "local"] = "auto"
     anthropic_api_key: SecretStr | None = Field(
         default=None,
         validation_alias=AliasChoices("CTXSTORE_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY"),
     )
-    summary_model: str = "claude-haiku-4-5"
+    openai_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("CTXSTORE_OPENAI_API_KEY", "OPENAI_API_KEY"),
+    )
+    openai_base_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("CTXSTORE_OPENAI_BASE_URL", "OPENAI_BASE_URL"),
+    )
+    summary_model: str | None = None
     summary_timeout: PositiveFloat = 60.0
     queue_url: str | None = None
     queue_name: str = "ctxstore:summaries"
@@ -345,11 +366,28 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("anthropic_api_key")
+    @field_validator("anthropic_api_key", "openai_api_key")
     @classmethod
     def _empty_key_is_no_key(cls, value: SecretStr | None) -> SecretStr | None:
         # An empty ANTHROPIC_API_KEY (a blank line in a Secret) means: no key.
         return value if value is not None and value.get_secret_value().strip() else None
+
+    @field_validator("openai_base_url", "summary_model")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        # An empty variable (a blank line in a ConfigMap) means: not set.
+        return value if value is not None and value.strip() else None
+
+    @field_validator("openai_base_url")
+    @classmethod
+    def _check_openai_base_url(cls, value: str | None) -> str | None:
+        if value is not None and (
+            urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).netloc
+        ):
+            raise ConfigurationError(
+                "openai_base_url must be an http:// or https:// URL (http://localhost:8000/v1)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_encryption(self) -> Settings:

@@ -3,17 +3,23 @@
 A :class:`Summarizer` takes the previous summary (or ``None``) and the
 messages after it, and returns the new summary. One that can also write it
 at two levels (``summarize_levels``: a compact facts ledger, then a longer
-narrative) lets views send the largest level that fits. Two ship here:
+narrative) lets views send the largest level that fits. Three ship here:
 
 - :class:`AnthropicSummarizer`, on Anthropic's Messages API (async client,
   the fixed system prompt sent with prompt caching), asked for the ledger,
-  then the narrative. Rate limits, overload, server errors and timeouts
-  raise :class:`~ctxstore.errors.SummarizerUnavailableError`, which the
-  worker retries through arq with jittered backoff (the client's own retries
-  are off); anything else raises :class:`~ctxstore.errors.SummarizerError`.
-  ``anthropic`` is imported when one is built, never by ``import ctxstore``.
+  then the narrative.
+- :class:`OpenAISummarizer`, on the Chat Completions API of OpenAI or of a
+  server that speaks it (vLLM, Ollama, LiteLLM), asked the same.
 - :class:`~ctxstore._local.summarizer.LocalSummarizer`, deterministic and extractive,
   for machines with no API key.
+
+For the two on a model's API, rate limits, overload, server errors and
+timeouts raise :class:`~ctxstore.errors.SummarizerUnavailableError`, which
+the worker retries through arq with jittered backoff (the clients' own
+retries are off); anything else raises
+:class:`~ctxstore.errors.SummarizerError`. Each translates its library's
+errors in one place, its ``_ask``. ``anthropic`` and ``openai`` are imported
+when one is built, never by ``import ctxstore``.
 
 :func:`summarizer_from_settings` picks one. ``ctxstore.testing`` has a fake.
 """
@@ -22,26 +28,33 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from ctxstore._layout.formats import REASONING, call_ids, item_type, result_ids
+from ctxstore._layout.formats import REASONING, call_ids, item_type, result_id, result_ids
 from ctxstore._local.summarizer import LocalSummarizer
-from ctxstore.errors import SummarizerError, SummarizerUnavailableError
+from ctxstore.errors import ConfigurationError, SummarizerError, SummarizerUnavailableError
 from ctxstore.models import Summary
 from ctxstore.settings import Settings
 
 if TYPE_CHECKING:
     import anthropic
+    import openai
 
 __all__ = [
     "SYSTEM_PROMPT",
     "AnthropicSummarizer",
     "LocalSummarizer",
+    "OpenAISummarizer",
     "Summarizer",
     "render_transcript",
     "summarizer_from_settings",
 ]
+
+_ANTHROPIC_MODEL = "claude-haiku-4-5"
+"""Anthropic's summarizer's model when none is named."""
+_OPENAI_BASE_URL = "https://api.openai.com/v1"
+"""OpenAI's own API, where no other server is named."""
 
 SYSTEM_PROMPT = """\
 You maintain the running summary of a conversation between a user and an AI \
@@ -112,13 +125,11 @@ def render_transcript(messages: Sequence[dict[str, Any]]) -> str:
         label = role if not message.get("name") else f"{role} ({message['name']})"
         if role == "tool":
             label = f"tool result for {message.get('tool_call_id', '?')}"
-        parts = _texts(message.get("content"))
-        for call in message.get("tool_calls") or ():
-            function = call.get("function", {}) if isinstance(call, dict) else {}
-            parts.append(
-                f"[calls {function.get('name', '?')}({function.get('arguments', '')}) "
-                f"as {call.get('id', '?')}]"
-            )
+        calls = [c for c in message.get("tool_calls") or () if isinstance(c, dict)]
+        parts = _texts(message.get("content"), listed={c.get("id") for c in calls})
+        for call in calls:
+            name, arguments = _call_parts(call)
+            parts.append(f"[calls {name}({arguments}) as {call.get('id', '?')}]")
         lines.append(f"[{label}] " + "\n".join(p for p in parts if p))
     return "\n\n".join(lines)
 
@@ -142,7 +153,19 @@ def _item_line(item: dict[str, Any], kind: str) -> str | None:
     return f"[{kind}]"
 
 
-def _texts(content: Any) -> list[str]:
+def _call_parts(call: dict[str, Any]) -> tuple[str, str]:
+    """A ``tool_calls`` entry's tool name and arguments, OpenAI's form or Amplifier's."""
+    function = call.get("function")
+    if isinstance(function, dict):
+        return str(function.get("name", "?")), str(function.get("arguments", ""))
+    arguments = call.get("arguments", "")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return str(call.get("tool", "?")), arguments
+
+
+def _texts(content: Any, listed: frozenset[Any] | set[Any] = frozenset()) -> list[str]:
+    """The lines of a message's content; ``listed``: call ids its ``tool_calls`` render."""
     if isinstance(content, str):
         return [content]
     if not isinstance(content, list):
@@ -154,15 +177,22 @@ def _texts(content: Any) -> list[str]:
         kind = block.get("type")
         if kind in ("text", "input_text", "output_text"):
             out.append(str(block.get("text", "")))
-        elif kind == "tool_use":
+        elif kind == "tool_use" or (kind == "tool_call" and block.get("id") not in listed):
+            given = block.get("input", block.get("arguments", {}))
             out.append(
                 f"[calls {block.get('name', '?')}"
-                f"({json.dumps(block.get('input', {}), ensure_ascii=False)}) as {block.get('id')}]"
+                f"({json.dumps(given, ensure_ascii=False)}) as {block.get('id')}]"
             )
+        elif kind == "tool_call":
+            continue  # Amplifier's copy of a call its tool_calls render
         elif kind == "tool_result":
             error = " (error)" if block.get("is_error") else ""
-            body = "\n".join(_texts(block.get("content")))
-            out.append(f"[result of {block.get('tool_use_id')}{error}] {body}")
+            held = block.get("content", block.get("output"))  # Anthropic's, Amplifier's
+            if held is None or isinstance(held, list | str):
+                body = "\n".join(_texts(held))
+            else:
+                body = json.dumps(held, ensure_ascii=False)
+            out.append(f"[result of {result_id(block)}{error}] {body}")
         elif kind == "thinking":
             continue  # the agent's private reasoning is not part of the record
         elif kind == "image":
@@ -172,33 +202,16 @@ def _texts(content: Any) -> list[str]:
     return out
 
 
-class AnthropicSummarizer:
-    """Summaries from Anthropic's Messages API, at two levels.
+class _ModelSummarizer:
+    """What the summarizers on a model's API share: the prompts, and reading the answer.
 
-    Args:
-        client: An ``anthropic.AsyncAnthropic`` client; built from ``api_key``
-            when not given (with its own retries off: arq retries).
-        api_key: The API key, when no client is given.
-        model: The model.
-        timeout: Seconds one call may take.
+    The fixed system prompt goes first, then the budgets and the previous
+    summary, then the new turns: the part that changes least leads, so a
+    provider's prompt cache holds it from one call to the next. A subclass
+    makes the one call (``_ask``) and translates its library's errors there.
     """
 
-    def __init__(
-        self,
-        client: anthropic.AsyncAnthropic | None = None,
-        *,
-        api_key: str | None = None,
-        model: str = "claude-haiku-4-5",
-        timeout: float = 60.0,
-    ) -> None:
-        import anthropic  # only the workers that summarize with it pay for the import
-
-        self._anthropic = anthropic
-        self._client = client or anthropic.AsyncAnthropic(
-            api_key=api_key, max_retries=0, timeout=timeout
-        )
-        self._timeout = timeout
-        self.name = model
+    name: str
 
     async def summarize_levels(
         self,
@@ -211,8 +224,9 @@ class AnthropicSummarizer:
         """Ask the model for the new ledger and narrative.
 
         Raises:
-            SummarizerUnavailableError: 429, 529, 5xx, a timeout or no connection.
-            SummarizerError: Any other failure, or an answer with no ledger.
+            SummarizerUnavailableError: Rate limited, overloaded, a 5xx, a
+                timeout or no connection.
+            SummarizerError: Any other failure, or an answer with no text.
         """
         limit = ledger_tokens or max(64, max_tokens // 3)
         parts = [
@@ -236,7 +250,8 @@ class AnthropicSummarizer:
         """The one-level protocol: the previous text and the turns in, one text out.
 
         Raises:
-            SummarizerUnavailableError: 429, 529, 5xx, a timeout or no connection.
+            SummarizerUnavailableError: Rate limited, overloaded, a 5xx, a
+                timeout or no connection.
             SummarizerError: Any other failure, or an answer with no text.
         """
         prompt = (
@@ -247,6 +262,39 @@ class AnthropicSummarizer:
         if ledger is None:
             return text
         return Summary(ledger, narrative or "").text
+
+    async def _ask(self, prompt: str, max_tokens: int) -> str:
+        """The model's answer to ``prompt`` under the system prompt, stripped, never empty."""
+        raise NotImplementedError
+
+
+class AnthropicSummarizer(_ModelSummarizer):
+    """Summaries from Anthropic's Messages API, at two levels.
+
+    Args:
+        client: An ``anthropic.AsyncAnthropic`` client; built from ``api_key``
+            when not given (with its own retries off: arq retries).
+        api_key: The API key, when no client is given.
+        model: The model.
+        timeout: Seconds one call may take.
+    """
+
+    def __init__(
+        self,
+        client: anthropic.AsyncAnthropic | None = None,
+        *,
+        api_key: str | None = None,
+        model: str = _ANTHROPIC_MODEL,
+        timeout: float = 60.0,
+    ) -> None:
+        import anthropic  # only the workers that summarize with it pay for the import
+
+        self._anthropic = anthropic
+        self._client = client or anthropic.AsyncAnthropic(
+            api_key=api_key, max_retries=0, timeout=timeout
+        )
+        self._timeout = timeout
+        self.name = model
 
     async def _ask(self, prompt: str, max_tokens: int) -> str:
         anthropic = self._anthropic
@@ -271,7 +319,7 @@ class AnthropicSummarizer:
         ) as exc:
             raise SummarizerUnavailableError(
                 f"Anthropic answered {exc.status_code}: {exc.message}",
-                retry_after=_retry_after(exc.response.headers.get("retry-after")),
+                retry_after=_retry_after(exc.response.headers),
             ) from exc
         except anthropic.APIConnectionError as exc:  # includes timeouts
             raise SummarizerUnavailableError(f"Anthropic unreachable: {exc}") from exc
@@ -291,25 +339,176 @@ class AnthropicSummarizer:
         return text
 
 
+class OpenAISummarizer(_ModelSummarizer):
+    """Summaries from an OpenAI-compatible Chat Completions API, at two levels.
+
+    OpenAI's own API, or a server that speaks it at ``base_url``: vLLM,
+    Ollama, LiteLLM. OpenAI caches a prompt's prefix by itself; the system
+    prompt, the budgets and the previous summary lead, and
+    ``prompt_cache_key`` sends the summaries' requests to the same cache.
+    408, 429, 5xx, timeouts and lost connections raise
+    :class:`~ctxstore.errors.SummarizerUnavailableError` (with the server's
+    ``retry-after``); anything else, :class:`~ctxstore.errors.SummarizerError`.
+
+    Args:
+        client: An ``openai.AsyncOpenAI`` client; built from the arguments
+            below when not given (with its own retries off: arq retries).
+        model: The model, as the server names it.
+        api_key: The API key; ``None`` for a server that needs none (the
+            environment is not read here: ``Settings`` reads ``OPENAI_API_KEY``).
+        base_url: The server's API root (``http://localhost:8000/v1`` for
+            vLLM, ``http://localhost:11434/v1`` for Ollama); ``None``: OpenAI's.
+        timeout: Seconds one call may take.
+        prompt_cache_key: Sent as ``prompt_cache_key``. ``None``:
+            ``ctxstore-summary`` to OpenAI's API, nothing to other servers
+            (some refuse a field they do not know).
+        token_limit: The field that carries ``max_tokens``. ``None``:
+            ``max_completion_tokens`` to OpenAI's API (its reasoning models
+            refuse the other), ``max_tokens`` to other servers (all read it).
+
+    Raises:
+        ConfigurationError: No client, no API key and no ``base_url``:
+            OpenAI's API would refuse every call.
+    """
+
+    def __init__(
+        self,
+        client: openai.AsyncOpenAI | None = None,
+        *,
+        model: str,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 60.0,
+        prompt_cache_key: str | None = None,
+        token_limit: Literal["max_tokens", "max_completion_tokens"] | None = None,
+    ) -> None:
+        import openai  # only the workers that summarize with it pay for the import
+
+        if client is None and not api_key and base_url is None:
+            raise ConfigurationError(
+                "OpenAI's API needs an API key (OPENAI_API_KEY); "
+                "a server that needs none is named by its base URL"
+            )
+        self._openai = openai
+        self._client = client or openai.AsyncOpenAI(
+            # The SDK refuses to start without a key; a server that needs none ignores it.
+            api_key=api_key or _NO_API_KEY,
+            base_url=base_url or _OPENAI_BASE_URL,
+            max_retries=0,
+            timeout=timeout,
+        )
+        self._timeout = timeout
+        self.name = model
+        url = self._client.base_url
+        official = url.host == "api.openai.com" or url.host.endswith(".api.openai.com")
+        where = f"{url.host}:{url.port}" if url.port else url.host
+        self._server = "OpenAI" if official else f"the server at {where}"
+        self._cache_key = prompt_cache_key or (_PROMPT_CACHE_KEY if official else None)
+        self._token_limit = token_limit or ("max_completion_tokens" if official else "max_tokens")
+
+    async def _ask(self, prompt: str, max_tokens: int) -> str:
+        openai = self._openai
+        try:
+            response = await self._client.chat.completions.create(
+                model=self.name,
+                messages=[
+                    {"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": prompt},
+                ],
+                max_tokens=max_tokens if self._token_limit == "max_tokens" else openai.omit,
+                max_completion_tokens=(
+                    max_tokens if self._token_limit == "max_completion_tokens" else openai.omit
+                ),
+                prompt_cache_key=self._cache_key or openai.omit,
+                timeout=self._timeout,
+            )
+        except openai.APIStatusError as exc:
+            if exc.status_code in (408, 429) or exc.status_code >= 500:
+                raise SummarizerUnavailableError(
+                    f"{self._server} answered {exc.status_code}: {exc.message}",
+                    retry_after=_retry_after(exc.response.headers),
+                ) from exc
+            raise SummarizerError(f"{self._server} refused the summary request: {exc}") from exc
+        except openai.APIConnectionError as exc:  # includes timeouts
+            raise SummarizerUnavailableError(f"{self._server} unreachable: {exc}") from exc
+        except openai.OpenAIError as exc:
+            raise SummarizerError(f"{self._server} refused the summary request: {exc}") from exc
+        except ValueError as exc:  # a 200 whose body is not the JSON it should be
+            raise SummarizerError(f"{self._server}'s answer could not be read: {exc}") from exc
+        # Read with care: a 200 that is not a chat completion is built as given (or is a str).
+        choices = getattr(response, "choices", None)
+        first = choices[0] if isinstance(choices, list) and choices else None
+        message = getattr(first, "message", None)
+        content = getattr(message, "content", None)
+        text = _THINKING.sub("", content).strip() if isinstance(content, str) else ""
+        if not text:
+            refusal = getattr(message, "refusal", None)
+            why = f" (it refused: {refusal})" if isinstance(refusal, str) and refusal else ""
+            raise SummarizerError(f"{self._server}'s answer held no summary text{why}")
+        return text
+
+
+_NO_API_KEY = "no-key"
+"""The key sent to a server that needs none."""
+_PROMPT_CACHE_KEY = "ctxstore-summary"
+"""Every summary request shares the system prompt: one cache key routes them together."""
+_THINKING = re.compile(r"\A\s*<think>.*?</think>", re.DOTALL)
+"""A reasoning model's thoughts, which some servers leave at the head of the answer."""
+
+
 def _section(text: str, tag: str) -> str | None:
     """The text inside ``<tag>...</tag>``, stripped; ``None`` without the tag."""
     found = re.search(rf"<{tag}>\s*(.*?)\s*</{tag}>", text, re.DOTALL)
     return found.group(1) if found else None
 
 
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """The wait a response asks for, in seconds: ``retry-after-ms``, else ``retry-after``."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        try:
+            if value is not None:
+                return max(0.0, float(value) / scale)
+        except ValueError:
+            continue
+    return None
 
 
 def summarizer_from_settings(settings: Settings) -> Summarizer:
-    """Anthropic's when an API key is set, else the local one."""
-    if settings.anthropic_api_key is not None:
+    """The summarizer ``settings.summarizer`` names.
+
+    ``auto`` (the default): Anthropic's when an Anthropic API key is set,
+    else the local one.
+
+    Raises:
+        ConfigurationError: The summarizer is unknown, or lacks what it needs
+            (Anthropic's a key; OpenAI's a model, and a key or a base URL).
+    """
+    choice = settings.summarizer
+    if choice == "auto":
+        choice = "anthropic" if settings.anthropic_api_key is not None else "local"
+    if choice == "anthropic":
+        if settings.anthropic_api_key is None:
+            raise ConfigurationError("CTXSTORE_SUMMARIZER=anthropic needs ANTHROPIC_API_KEY")
         return AnthropicSummarizer(
             api_key=settings.anthropic_api_key.get_secret_value(),
-            model=settings.summary_model,
+            model=settings.summary_model or _ANTHROPIC_MODEL,
             timeout=settings.summary_timeout,
         )
-    return LocalSummarizer()
+    if choice == "openai":
+        if settings.summary_model is None:
+            raise ConfigurationError(
+                "CTXSTORE_SUMMARIZER=openai needs CTXSTORE_SUMMARY_MODEL, as the server names it"
+            )
+        key = settings.openai_api_key
+        return OpenAISummarizer(
+            model=settings.summary_model,
+            api_key=key.get_secret_value() if key is not None else None,
+            base_url=settings.openai_base_url,
+            timeout=settings.summary_timeout,
+        )
+    if choice == "local":
+        return LocalSummarizer()
+    raise ConfigurationError(
+        f"CTXSTORE_SUMMARIZER: no summarizer {choice!r} (auto, anthropic, openai or local)"
+    )

@@ -39,6 +39,7 @@ from ctxstore import (
     ContextStore,
     CtxstoreError,
     LocalSummarizer,
+    OpenAISummarizer,
     Settings,
     SummaryStatus,
 )
@@ -205,9 +206,11 @@ async def _sample_every(ctx: dict[str, Any], seconds: float) -> None:
 
 
 def _summarizer_kind(summarizer: Summarizer) -> str:
-    """``anthropic``, ``local``, or the class of another summarizer."""
+    """``anthropic``, ``openai``, ``local``, or the class of another summarizer."""
     if isinstance(summarizer, AnthropicSummarizer):
         return "anthropic"
+    if isinstance(summarizer, OpenAISummarizer):
+        return "openai"
     if isinstance(summarizer, LocalSummarizer):
         return "local"
     return type(summarizer).__name__
