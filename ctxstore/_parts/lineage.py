@@ -405,7 +405,9 @@ class Lineage:
         """Delete segments whoever reads them (``forget_tenant``: every reader goes too)."""
         for owner, segment in dict.fromkeys(segments):
             keys = self.keys(owner, segment)
-            await self._scope.connection.transaction([("DEL", keys.log, keys.info)], key=keys.log)
+            await self._scope.connection.transaction(
+                [("UNLINK", keys.log, keys.info)], key=keys.log
+            )
 
     async def delete_registered(self) -> None:
         """Delete every segment the tenant's registry lists, then the registry."""

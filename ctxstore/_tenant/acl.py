@@ -55,13 +55,14 @@ before Redis 7.2 and ignored when refused.)"""
 STORE = (
     "del", "exec", "exists", "fcall", "fcall_ro", "get", "hdel", "hexists", "hget", "hgetall",
     "hincrby", "hkeys", "hlen", "hmget", "hset", "hvals", "multi", "discard", "persist",
-    "pexpire", "pttl", "rename", "sadd", "set", "time", "wait", "xadd", "xdel", "xlen", "xrange",
-    "xrevrange", "xtrim", "zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zrem",
+    "pexpire", "pttl", "rename", "sadd", "set", "time", "unlink", "wait", "xadd", "xdel", "xlen",
+    "xrange", "xrevrange", "xtrim", "zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zrem",
     "zrevrangebyscore", "zscan", "zscore",
 )  # fmt: skip
 """The SDK's commands (WAIT for ``replica_acks``, FCALL where the library is loaded, and
 FCALL_RO for its reads on a full Redis),
-and those its Lua scripts call (TIME, RENAME and HEXISTS among them)."""
+and those its Lua scripts call (TIME, RENAME and HEXISTS among them; UNLINK, so a big
+key is freed off the main thread)."""
 
 SCRIPTS = ("eval", "evalsha")
 """Scripts of the caller's own: the pods' and workers' users (trusted code: the SDK runs its

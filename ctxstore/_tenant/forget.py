@@ -75,7 +75,7 @@ async def forget_tenant(
                     ("HGET", keys.meta, Meta.SUMMARY_GENERATION),
                     ("HGET", keys.meta, Meta.CHAIN),
                     ("HVALS", keys.branches),
-                    ("DEL", *keys.all()),
+                    ("UNLINK", *keys.all()),
                 ],
                 session=session,
                 key=keys.meta,
@@ -99,11 +99,11 @@ async def forget_tenant(
         members = [text(raw) for raw in names]
         for session in filter(valid_id, members):
             keys = scope.keys(session)
-            await connection.transaction([("DEL", *keys.all())], session=session, key=keys.meta)
+            await connection.transaction([("UNLINK", *keys.all())], session=session, key=keys.meta)
         await connection.transaction([("ZREM", index.deleted_key, *members)], key=index.deleted_key)
     await lineage.delete_registered()
     ratios = _keys.tenant_ratios_key(scope.prefix, scope.tenant)
-    await connection.transaction([("DEL", *index.keys, ratios)], key=index.key)
+    await connection.transaction([("UNLINK", *index.keys, ratios)], key=index.key)
     # A tenant's own ACL user may neither change its limits nor the tenants
     # set: only an operator's forget removes them.
     for command, key, what in (

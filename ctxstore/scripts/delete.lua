@@ -32,7 +32,7 @@ if prev then
 end
 local meta = redis.call('HMGET', KEYS[2], 'epoch', 'seq', 'rsv', 'rl_tokens', 'rl_at')
 local segments = held_segments(KEYS[2], KEYS[12])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
+redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
            KEYS[11], KEYS[12])
 local period = tonumber(ARGV[4])
 if not meta[2] then  -- nothing, or a lease's fence alone

@@ -42,7 +42,7 @@ end
 local now = now_ms(ARGV[4])
 local meta = redis.call('HMGET', KEYS[2], 'seq', 'import')
 if meta[1] then
-  redis.call('DEL', KEYS[10], KEYS[11])
+  redis.call('UNLINK', KEYS[10], KEYS[11])
   if meta[2] == ARGV[11] then return {'unchanged', 0, now} end
   return {'exists', 0, now}
 end
@@ -50,7 +50,7 @@ local refusal, epoch, seq, bucket = creation(KEYS[5], ARGV[2], ARGV[3], now)
 if refusal then return refusal end
 
 local function gone(what)
-  redis.call('DEL', KEYS[10], KEYS[11])
+  redis.call('UNLINK', KEYS[10], KEYS[11])
   return {'missing', what, 1, now}
 end
 -- The history's messages and tokens up to staged entry `id` ({'0', '0'} for ''), or nil.
@@ -99,14 +99,14 @@ if not refusal then
   refusal = take_rate(KEYS[2], 1, tonumber(ARGV[9]), tonumber(ARGV[10]), bucket)
 end
 if refusal then
-  redis.call('DEL', KEYS[10], KEYS[11])
+  redis.call('UNLINK', KEYS[10], KEYS[11])
   table.insert(refusal, 1)
   table.insert(refusal, now)
   return refusal
 end
 created(KEYS[2], KEYS[5], ARGV[2])
 
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[8], KEYS[9])
+redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[4], KEYS[8], KEYS[9])
 if redis.call('EXISTS', KEYS[10]) == 1 then redis.call('RENAME', KEYS[10], KEYS[1]) end
 if redis.call('EXISTS', KEYS[11]) == 1 then redis.call('RENAME', KEYS[11], KEYS[3]) end
 if #summary > 0 then

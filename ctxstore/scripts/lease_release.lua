@@ -16,9 +16,9 @@
 --
 -- Returns 1 if ours was released, 0 if it was no longer ours.
 if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('UNLINK', KEYS[1])
   if redis.call('HEXISTS', KEYS[2], 'seq') == 0 then
-    redis.call('DEL', KEYS[2])
+    redis.call('UNLINK', KEYS[2])
   else
     redis.call('HSET', KEYS[2], 'released', ARGV[1])
   end

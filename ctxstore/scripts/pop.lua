@@ -70,12 +70,12 @@ if count == 0 then redis.call('HSET', KEYS[2], 'first_id', '') end
 
 -- Did the summary cover it?
 if meta[6] and meta[6] ~= '' and not id_before(meta[6], id) then
-  redis.call('DEL', KEYS[4])
+  redis.call('UNLINK', KEYS[4])
   redis.call('HSET', KEYS[2], 'wm', '', 'wm_tokens', 0)
 elseif redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('HSET', KEYS[4], 'epoch', epoch)
 end
-redis.call('DEL', KEYS[5])
+redis.call('UNLINK', KEYS[5])
 local checkpoints = redis.call('HGETALL', KEYS[8])
 for j = 1, #checkpoints, 2 do
   local ok, point = pcall(cjson.decode, checkpoints[j + 1])

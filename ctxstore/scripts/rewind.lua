@@ -76,7 +76,7 @@ if gone_count == 0 and not deep then
   -- Already the end: nothing is abandoned, nothing changes.
   local out = {'ok', epoch, seq, count, 0, '', '', 0, meta[6] or '', ''}
   record(KEYS[8], ARGV[4], table.concat(out, '\31', 2), period)
-  redis.call('DEL', KEYS[5])
+  redis.call('UNLINK', KEYS[5])
   return out
 end
 if #tail > 0 then
@@ -99,7 +99,7 @@ if deep then
   chain = ARGV[16]
   base = string.match(chain, ':([^: ]+)$') or ''
   -- A new stream: its ids start again below the abandoned ones (the bridge's are older).
-  redis.call('DEL', KEYS[1])
+  redis.call('UNLINK', KEYS[1])
   bytes = bytes + add_given(KEYS[1], ARGV, 18, tonumber(ARGV[17]))
 end
 
@@ -131,7 +131,7 @@ if wm ~= '' and id_before(target, wm) then
       if not best or id_before(best.covers, point.covers) then best, best_id = point, points[j] end
     end
   end
-  redis.call('DEL', KEYS[4])
+  redis.call('UNLINK', KEYS[4])
   if best then
     for _, name in ipairs(SUMMARY_COPY) do
       local value = redis.call('HGET', KEYS[11], best_id .. ':' .. name)
@@ -191,7 +191,7 @@ redis.call('HSET', KEYS[2], 'seq', seq, 'epoch', epoch, 'count', kept_count,
 if kept_count == 0 then redis.call('HSET', KEYS[2], 'first_id', '') end
 redis.call('HDEL', KEYS[2], 'idle')
 if kept_changed then redis.call('HINCRBY', KEYS[2], 'kv', 1) end
-redis.call('DEL', KEYS[6], KEYS[7], KEYS[5])
+redis.call('UNLINK', KEYS[6], KEYS[7], KEYS[5])
 
 local ttl = tonumber(meta[11]) or tonumber(ARGV[10])
 if ttl and ttl > 0 then

@@ -99,7 +99,7 @@ local segments = held_segments(KEYS[2], KEYS[13])
 -- ids come after every id of the old one (an id kept from before, a recall tool's or a
 -- caller's, never names a message of the new history, even within the same millisecond).
 redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)  -- none there: nothing made
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[7], KEYS[10], KEYS[11], KEYS[12], KEYS[13])
+redis.call('UNLINK', KEYS[3], KEYS[4], KEYS[7], KEYS[10], KEYS[11], KEYS[12], KEYS[13])
 redis.call('HDEL', KEYS[2], 'chain', 'base', 'origin')
 local out = {'ok', epoch, seq, n, superseded, segments}
 local tokens = 0
@@ -118,7 +118,7 @@ redis.call('HSET', KEYS[2], 'epoch', epoch, 'seq', seq, 'count', n, 'tokens', to
            'bytes', new_bytes,
            'first_id', first_id, 'last_id', last_id, 'wm', '', 'wm_tokens', 0, 'sq', '0')
 record(KEYS[8], ARGV[9], table.concat(out, ' ', 2), tonumber(ARGV[14]))
-redis.call('DEL', KEYS[5])
+redis.call('UNLINK', KEYS[5])
 
 local ttl = tonumber(meta[4]) or tonumber(ARGV[5])
 if ttl and ttl > 0 then

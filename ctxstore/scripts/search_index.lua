@@ -37,7 +37,7 @@ if not same then
   -- A write that adds memory first: a full Redis refuses it, as it refuses by EVALSHA only
   -- a script's first write (after a DEL, it would take a whole new index past maxmemory).
   redis.call('HSET', KEYS[1], '@', '')
-  redis.call('DEL', KEYS[1])
+  redis.call('UNLINK', KEYS[1])
 end
 for i = 8, #ARGV, 2 do
   local old = redis.call('HGET', KEYS[1], ARGV[i])

@@ -19,5 +19,5 @@ if ARGV[1] ~= '1' then return 0 end
 for _, field in ipairs(redis.call('HKEYS', KEYS[2])) do
   if string.sub(field, 1, 2) == 'h:' then return 0 end
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('UNLINK', KEYS[1], KEYS[2])
 return 1

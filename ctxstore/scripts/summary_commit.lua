@@ -52,7 +52,7 @@ if (meta[2] or '') ~= ARGV[6] then return {'stale', 'watermark'} end
 local wm_tokens = tonumber(meta[4]) or 0
 redis.call('HSET', KEYS[1], 'sum_at', now, 'sum_ms', ARGV[8], 'sum_outcome', mode)
 if mode == 'committed' then
-  redis.call('DEL', KEYS[2])
+  redis.call('UNLINK', KEYS[2])
   redis.call('HSET', KEYS[2], 'l1', ARGV[11], 'n1', ARGV[12], 'l2', ARGV[14], 'n2', ARGV[15],
              'covers', ARGV[9], 'epoch', meta[1] or '0', 'model', ARGV[13], 'at', now, 'state', ARGV[16])
   local ttl = redis.call('PTTL', KEYS[1])
