@@ -125,23 +125,25 @@ async def test_a_fractional_rate_keeps_a_fraction_that_later_writes_read_back(
     """A fractional rate keeps a fraction that later writes read back.
 
     Rate 2.5/s, burst 2: with the bucket's clock moved back 300 ms after each take, each
-    append refills 0.75 and takes 1: 2 -> 1 -> 0.75 -> 0.5 -> 0.25 -> 0 -> refused. The
-    fraction is stored as a float Redis and Python read alike.
+    append refills 0.75, plus what the server's clock moved on meanwhile (read back from
+    the bucket's own time), and takes 1: 1 -> 0.75 -> 0.5 -> 0.25 -> 0, as the calls
+    take no time. The fraction is stored as a float Redis and Python read alike.
     """
     async with ContextStore.from_settings(rated(settings, 2, 2.5), tenant=tenant) as pod:
         await pod.append("s", turn(0))
         meta = pod.keys("s").meta
-        expected = 1.0
+        tokens, at = await bucket(raw_redis, pod, "s")
+        assert tokens == pytest.approx(1.0, abs=0.05)
         for i in range(1, 5):
-            tokens, at = await bucket(raw_redis, pod, "s")
-            assert tokens == pytest.approx(expected, abs=0.05), i
             await raw_redis.hset(meta, "rl_at", at - 300)  # type: ignore[misc,arg-type]
             if i % 2:
                 force_full(pod, "s")
             await pod.append("s", turn(i))
-            expected = min(2.0, expected + 0.75) - 1
-        tokens, at = await bucket(raw_redis, pod, "s")
-        assert tokens == pytest.approx(0, abs=0.05)
+            before, moved_to = tokens, at - 300
+            tokens, at = await bucket(raw_redis, pod, "s")
+            expected = min(2.0, before + (at - moved_to) * 2.5 / 1000) - 1
+            assert tokens == pytest.approx(expected, abs=1e-9), i
+            assert at - moved_to >= 300
         raw = await raw_redis.hget(meta, "rl_tokens")  # type: ignore[misc]
         assert float(raw) == tokens  # type: ignore[arg-type]
 
