@@ -34,7 +34,7 @@ $(SDK_STAMP): pyproject.toml
 $(POD_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(POD_VENV)
 	$(POD_BIN)/pip install --quiet --upgrade pip
-	$(POD_BIN)/pip install --quiet -e ".[test,openai-agents,langchain]" "openai-agents[redis]"
+	$(POD_BIN)/pip install --quiet -e ".[test,openai-agents,langchain,langgraph]" "openai-agents[redis]"
 	touch $(POD_STAMP)
 
 install: $(STAMP) $(SDK_STAMP) $(POD_STAMP)

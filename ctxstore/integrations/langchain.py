@@ -12,6 +12,15 @@ serve one conversation build histories with the same session id and share it::
     )
     await chain.ainvoke("Hello", config={"configurable": {"session_id": "user-123"}})
 
+Any non-empty string is a session id here: one the store takes as it is
+(``user-123``) names the store session of that name; any other (``Ada
+Lovelace/1``, ``会話-7``, a 300-character one) is stored under an encoding of
+it that no other string shares (:mod:`ctxstore.integrations._ids`).
+
+``RunnableWithMessageHistory`` is deprecated from langchain-core 1.x; an agent
+from LangChain 1.x's ``create_agent`` takes ctxstore as a middleware instead
+(:mod:`ctxstore.integrations.langchain_middleware`).
+
 The async methods (``aget_messages``, ``aadd_messages``, ``aclear``) run on
 the caller's event loop against the store; a batch is one atomic append. The
 sync ones (``messages``, ``add_messages``, ``clear``) are for sync code: each
@@ -75,6 +84,7 @@ from langchain_core.messages import (
 from langchain_core.tools import BaseTool, StructuredTool
 
 from ctxstore.errors import BudgetExceededError, CorruptEntryError, InvalidMessageError
+from ctxstore.integrations._ids import encode_session_id
 from ctxstore.integrations._settle import settled
 from ctxstore.recall import TOOL_NAMES, RecallTools
 from ctxstore.store import ContextStore
@@ -101,21 +111,26 @@ class CtxstoreChatMessageHistory(BaseChatMessageHistory):  # type: ignore[misc]
     and clock), on a private event loop, and closes it on return.
 
     Args:
-        session_id: The session's id in the store: ASCII letters, digits,
-            ``_``, ``.`` and ``-``, up to 128 characters.
+        session_id: The conversation's id, any non-empty string (LangChain
+            passes the caller's through as it is). The store keeps the
+            session under ``encode_session_id(session_id)``
+            (:mod:`ctxstore.integrations._ids`): the same id when it already
+            is a store session id, else an encoding of it that no other
+            string shares.
         store: The store, bound to the tenant; the caller closes it.
 
     Attributes:
-        session_id: The session's id.
+        session_id: The conversation's id, as given.
+        store_session_id: The store's session id for it.
         store: The store it reads and writes.
 
     Raises:
-        InvalidIdError: ``session_id`` cannot be a ctxstore session id.
+        InvalidIdError: ``session_id`` is not a string, or is empty.
     """
 
     def __init__(self, session_id: str, store: ContextStore) -> None:
         super().__init__()
-        store.keys(session_id)  # refuses a bad id now, not at the first call
+        self.store_session_id = encode_session_id(session_id)
         self.session_id = session_id
         self.store = store
         self._owns_store = False
@@ -141,7 +156,9 @@ class CtxstoreChatMessageHistory(BaseChatMessageHistory):  # type: ignore[misc]
         Raises:
             CorruptEntryError: A stored message LangChain cannot read.
         """
-        return [self._read(stored) for stored in await self.store.get_messages(self.session_id)]
+        return [
+            self._read(stored) for stored in await self.store.get_messages(self.store_session_id)
+        ]
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append messages in order, all of them or none, in one round trip.
@@ -156,11 +173,21 @@ class CtxstoreChatMessageHistory(BaseChatMessageHistory):  # type: ignore[misc]
         """
         # Settled: a cancelled caller's batch still lands whole or not at all, and
         # the cancellation is raised after (as the OpenAI Agents session does).
-        await settled(self.store.append_many(self.session_id, self._encoded(messages)))
+        await settled(self.store.append_many(self.store_session_id, self._encoded(messages)))
+
+    async def areplace_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Make the session hold ``messages`` and nothing else, in one fenced rewrite.
+
+        Under the session's lease; the epoch is bumped and the cached summary dropped.
+
+        Raises:
+            InvalidMessageError: As :meth:`aadd_messages`; nothing was written.
+        """
+        await settled(self.store.replace(self.store_session_id, self._encoded(messages)))
 
     async def aclear(self) -> None:
         """Drop every message of the session (under its lease; the epoch is bumped)."""
-        await settled(self.store.clear(self.session_id))
+        await settled(self.store.clear(self.store_session_id))
 
     async def aget_view(
         self, token_budget: int | None = None, *, model: str | None = None
@@ -184,13 +211,13 @@ class CtxstoreChatMessageHistory(BaseChatMessageHistory):  # type: ignore[misc]
             BudgetExceededError: System and pinned messages alone exceed the budget.
             CorruptEntryError: A stored message LangChain cannot read.
         """
-        view = await self.store.view(self.session_id, token_budget=token_budget, model=model)
+        view = await self.store.view(self.store_session_id, token_budget=token_budget, model=model)
         if view.stats.over_budget:
             raise BudgetExceededError(
                 view.stats.budget,
                 view.stats.protected_tokens,
                 tenant=self.store.tenant,
-                session=self.session_id,
+                session=self.store_session_id,
             )
         return [_as_sent(self._read(sent), sent) for sent in view.messages]
 
@@ -202,7 +229,7 @@ class CtxstoreChatMessageHistory(BaseChatMessageHistory):  # type: ignore[misc]
         agent. A bad call gets a tool result saying what was wrong, never an
         exception in the agent loop.
         """
-        recall = RecallTools(self.store, self.session_id, names=names)
+        recall = RecallTools(self.store, self.store_session_id, names=names)
 
         def tool(name: str) -> BaseTool:
             async def run(**arguments: Any) -> str:
@@ -289,7 +316,7 @@ class CtxstoreChatMessageHistory(BaseChatMessageHistory):  # type: ignore[misc]
                     f"not a message this history can store: {type(message).__name__}",
                     index=index,
                     tenant=self.store.tenant,
-                    session=self.session_id,
+                    session=self.store_session_id,
                 )
             encoded.append(_encode(message, role))
         return encoded
@@ -302,7 +329,7 @@ class CtxstoreChatMessageHistory(BaseChatMessageHistory):  # type: ignore[misc]
             raise CorruptEntryError(
                 f"a stored message LangChain cannot read: {exc}",
                 tenant=self.store.tenant,
-                session=self.session_id,
+                session=self.store_session_id,
             ) from exc
 
 

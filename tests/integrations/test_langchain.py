@@ -176,6 +176,21 @@ async def test_order_is_kept_across_batches(history: CtxstoreChatMessageHistory)
     ]
 
 
+async def test_replace_leaves_exactly_the_messages_given(
+    history: CtxstoreChatMessageHistory, store: ContextStore
+) -> None:
+    """areplace_messages: the session holds those messages only; a bad batch writes nothing."""
+    await history.aadd_messages([HumanMessage("old"), AIMessage("older answer")])
+    epoch = (await store.info("chat-1")).epoch
+    kept = every_kind()[:4]
+    await history.areplace_messages(kept)
+    assert await history.aget_messages() == kept
+    assert (await store.info("chat-1")).epoch == epoch + 1
+    with pytest.raises(InvalidMessageError):
+        await history.areplace_messages([HumanMessage("new"), RemoveMessage(id="m-1")])
+    assert await history.aget_messages() == kept
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -209,10 +224,36 @@ async def test_sessions_are_isolated(store: ContextStore) -> None:
     assert await one.aget_messages() == [HumanMessage("to one")]
 
 
-async def test_a_bad_session_id_is_refused_at_once(store: ContextStore) -> None:
-    """A session id that cannot be a key is refused when the history is built."""
+@pytest.mark.parametrize(
+    "session_id", ["Ada Lovelace/1", "会話 #7", "a b/../c", "{tenant:x}*", "_.eabc", "x" * 300]
+)
+async def test_any_session_id_names_a_session_of_its_own(
+    store: ContextStore, session_id: str
+) -> None:
+    """Ids the store would refuse work, each in its own store session apart from the others."""
+    history = CtxstoreChatMessageHistory(session_id, store)
+    await history.aadd_messages([HumanMessage(session_id)])
+    assert await history.aget_messages() == [HumanMessage(session_id)]
+    assert history.session_id == session_id != history.store_session_id
+    assert [row.session for row in await store.list_sessions()] == [history.store_session_id]
+    assert await CtxstoreChatMessageHistory("abc", store).aget_messages() == []
+
+
+async def test_a_store_session_id_is_its_own_name(store: ContextStore) -> None:
+    """An id the store takes as it is names that very session (existing sessions stay put)."""
+    await store.append("user-123", user("stored before"))
+    history = CtxstoreChatMessageHistory("user-123", store)
+    assert history.store_session_id == "user-123"
+    assert [m.content for m in await history.aget_messages()] == ["stored before"]
+
+
+@pytest.mark.parametrize("session_id", ["", None, 3])
+async def test_an_empty_or_non_string_session_id_is_refused_at_once(
+    store: ContextStore, session_id: object
+) -> None:
+    """An empty id (a missing one) or a non-string is refused when the history is built."""
     with pytest.raises(InvalidIdError):
-        CtxstoreChatMessageHistory("a b/../c", store)
+        CtxstoreChatMessageHistory(session_id, store)  # type: ignore[arg-type]
 
 
 async def test_chat_messages_another_client_stored_are_read(
@@ -295,6 +336,21 @@ async def test_runnable_with_message_history_remembers_the_first_turn(store: Con
         "second",
     ]
     assert stored[1] == first  # the model's answer, id and metadata included
+
+
+@RUNNABLE_DEPRECATED
+async def test_runnable_with_message_history_takes_any_session_id(store: ContextStore) -> None:
+    """A non-ASCII session id with spaces and a slash, as the caller gave it, keeps its turns."""
+    seen: list[list[BaseMessage]] = []
+    chain = RunnableWithMessageHistory(
+        recording_chain(seen), lambda session_id: CtxstoreChatMessageHistory(session_id, store)
+    )
+    config: Any = {"configurable": {"session_id": "Łukasz / 会話 1"}}
+    first = await chain.ainvoke([HumanMessage("hi, I am Łukasz")], config=config)
+    await chain.ainvoke([HumanMessage("what is my name?")], config=config)
+    assert seen[1] == [HumanMessage("hi, I am Łukasz"), first, HumanMessage("what is my name?")]
+    stored = await CtxstoreChatMessageHistory("Łukasz / 会話 1", store).aget_messages()
+    assert len(stored) == 4
 
 
 @RUNNABLE_DEPRECATED
@@ -428,7 +484,7 @@ async def test_a_cancelled_write_is_settled_before_the_cancellation(
 async def test_recall_tools_run_as_langchain_tools(history: CtxstoreChatMessageHistory) -> None:
     """The tools' schemas reach LangChain; ainvoke runs them; bad input is a tool error."""
     planted = await history.store.append(
-        history.session_id, {"role": "user", "content": "Our Zurich office opens at 07:45."}
+        history.store_session_id, {"role": "user", "content": "Our Zurich office opens at 07:45."}
     )
     tools = {tool.name: tool for tool in history.recall_tools()}
     assert list(tools) == ["search_history", "read_entry", "pin_message", "unpin_message"]
@@ -440,4 +496,4 @@ async def test_recall_tools_run_as_langchain_tools(history: CtxstoreChatMessageH
     refused = await tools["read_entry"].ainvoke({"entry_id": "../../etc"})
     assert refused.startswith("error: ")
     await tools["pin_message"].ainvoke({"entry_id": planted.entry_id})
-    assert (await history.store.info(history.session_id)).pinned == (planted.entry_id,)
+    assert (await history.store.info(history.store_session_id)).pinned == (planted.entry_id,)
