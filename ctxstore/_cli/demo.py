@@ -433,7 +433,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in sessions
     }
     total = sum(expected.values())
-    summarizer = "Anthropic's API" if settings.anthropic_api_key else "the local summarizer"
+    choice = settings.summarizer
+    if choice == "auto":
+        choice = "anthropic" if settings.anthropic_api_key is not None else "local"
+    summarizer = {"anthropic": "Anthropic's API", "openai": "an OpenAI-compatible API"}.get(
+        choice, "the local summarizer"
+    )
     print(
         f"{args.pods} pods write {args.turns} turns each to {args.sessions} sessions "
         f"({total:,} messages, tenant {tenant}); a worker summarizes them with {summarizer}",
