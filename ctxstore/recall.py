@@ -231,7 +231,8 @@ class RecallTools:
         """Run a model's tool call in any of the three formats; its result in the same format.
 
         - an OpenAI Chat tool call (``{"id", "function": {"name", "arguments"}}``)
-          gives a ``role: tool`` message;
+          or an Amplifier one (``{"id", "tool", "arguments"}``) gives a
+          ``role: tool`` message;
         - an OpenAI Responses ``function_call`` item gives a
           ``function_call_output`` item;
         - an Anthropic ``tool_use`` block gives a ``tool_result`` block.
@@ -257,8 +258,12 @@ class RecallTools:
                 "output": outcome.text,
             }
         function = call.get("function")
-        if isinstance(function, dict) and self.handles(function.get("name")):
-            outcome = await self.execute(function.get("name"), function.get("arguments"))
+        if isinstance(function, dict):
+            name, arguments = function.get("name"), function.get("arguments")
+        else:
+            name, arguments = call.get("tool"), call.get("arguments")
+        if self.handles(name):
+            outcome = await self.execute(name, arguments)
             return {"role": "tool", "tool_call_id": call.get("id"), "content": outcome.text}
         return None
 

@@ -109,10 +109,10 @@ def _encoding(name: str) -> tiktoken.Encoding:
 def count_message(counter: TokenCounter, message: Mapping[str, Any]) -> int:
     """Count a message's tokens: its texts in one call, plus framing.
 
-    Text, thinking, tool names and arguments and tool results are counted;
-    images are estimated; opaque payloads (signatures, base64 data, encrypted
-    reasoning) are not tokenized. An OpenAI Responses item counts every text
-    it holds.
+    Text, thinking, tool names and arguments and tool results are counted
+    (a call Amplifier writes twice, once); images are estimated; opaque
+    payloads (signatures, base64 data, encrypted reasoning) are not
+    tokenized. An OpenAI Responses item counts every text it holds.
     """
     parts: list[str] = []
     overhead = MESSAGE_OVERHEAD
@@ -129,14 +129,25 @@ def count_message(counter: TokenCounter, message: Mapping[str, Any]) -> int:
     name = message.get("name")
     if isinstance(name, str):
         parts.append(name)
+    called: set[object] = set()
     for call in message.get("tool_calls") or ():
         overhead += PART_OVERHEAD
         parts.extend(_strings(call))
+        if isinstance(call, dict):
+            called.add(call.get("id"))
+    # Amplifier keeps an extended-thinking block beside the content, and sends it.
+    parts.extend(_strings(message.get("thinking_block")))
     content = message.get("content")
     if isinstance(content, str):
         parts.append(content)
     elif isinstance(content, list):
         for block in content:
+            if (
+                isinstance(block, dict)
+                and block.get("type") == "tool_call"
+                and block.get("id") in called
+            ):
+                continue  # Amplifier's copy of a call in tool_calls: sent once
             overhead += PART_OVERHEAD
             if _is_image(block):
                 overhead += IMAGE_TOKENS
@@ -189,7 +200,7 @@ def _strings(value: Any) -> Iterator[str]:
         for key, item in value.items():
             if key in _OPAQUE_KEYS or key == "type":
                 continue
-            if key == "input" and isinstance(item, dict):
+            if key in ("input", "arguments") and isinstance(item, dict):
                 # Tool input is sent as JSON; count it the way the model sees it.
                 yield json.dumps(item, ensure_ascii=False)
             else:

@@ -85,18 +85,27 @@ def emit_json(data: Any) -> None:
 
 
 def when(ms: int | None) -> str:
-    """A time in ms since the epoch, in the local zone, named: ``2025-03-01 14:02:07 CET``."""
+    """A time in ms since the epoch, in the local zone, named: ``2025-03-01 14:02:07 CET``.
+
+    One no date can show (an entry id's ms go to 2**64 - 1) is shown as its number.
+    """
     if not ms:
         return "-"
-    local = datetime.fromtimestamp(ms / 1000, UTC).astimezone()
+    try:
+        local = datetime.fromtimestamp(ms / 1000, UTC).astimezone()
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms"
     return local.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def iso(ms: int | None) -> str | None:
-    """A time in ms since the epoch as ISO 8601 in UTC (for JSON); None for none."""
+    """A time in ms since the epoch as ISO 8601 in UTC (for JSON); None for none (or no date)."""
     if not ms:
         return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def entry_time(entry_id: str | None) -> int | None:
@@ -337,12 +346,16 @@ def _preview(message: dict[str, Any], width: int = 100) -> str:
             for block in content
         ]
         content = " | ".join(parts)
-    if content is None and message.get("tool_calls"):
-        content = "calls " + ", ".join(
-            str(call.get("function", {}).get("name", "?")) for call in message["tool_calls"]
-        )
+    if not content and message.get("tool_calls"):
+        content = "calls " + ", ".join(map(_tool_name, message["tool_calls"]))
     text = " ".join(str(content if content is not None else message.get("type", "")).split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _tool_name(call: dict[str, Any]) -> str:
+    """The tool a ``tool_calls`` entry calls: OpenAI's ``function.name``, Amplifier's ``tool``."""
+    function = call.get("function")
+    return str(function.get("name", "?") if isinstance(function, dict) else call.get("tool", "?"))
 
 
 def show_view(

@@ -4,10 +4,13 @@ One notion of a *tool exchange* serves every format the store keeps: a
 message that makes tool calls, and the messages that answer those calls, are
 paired by call id. These functions read the ids out of a message dict; the
 append stores them beside the message, so the view never parses a message
-to plan. Three formats, mixed freely in one session:
+to plan. The formats, mixed freely in one session:
 
 - OpenAI Chat: ``tool_calls`` on an assistant message, ``role: tool``
   messages carrying ``tool_call_id``;
+- Amplifier: the same, its calls written ``{"id", "tool", "arguments"}``
+  and repeated as ``tool_call`` content blocks (an id written in both is
+  one call); a ``tool_result`` block may name its call ``tool_call_id``;
 - Anthropic Messages: ``tool_use`` and ``tool_result`` content blocks;
 - OpenAI Responses items (the OpenAI Agents SDK's): items with a ``type`` and
   no ``role``. A call item (``function_call``, ``custom_tool_call``,
@@ -32,6 +35,7 @@ __all__ = [
     "earliest_callers",
     "entry_order",
     "item_type",
+    "result_id",
     "result_ids",
 ]
 
@@ -77,7 +81,7 @@ def _client_side(message: dict[str, Any]) -> bool:
 
 
 def call_ids(message: dict[str, Any]) -> list[str]:
-    """The tool call ids a message makes, in any of the three formats."""
+    """The tool call ids a message makes, in any of the formats (a call written twice, once)."""
     kind = item_type(message)
     if kind is not None:
         if kind in CALL_ITEMS and _client_side(message):
@@ -90,16 +94,26 @@ def call_ids(message: dict[str, Any]) -> list[str]:
     ids = [c["id"] for c in message.get("tool_calls") or () if isinstance(c, dict) and "id" in c]
     content = message.get("content")
     if isinstance(content, list):
-        ids.extend(
-            b["id"]
-            for b in content
-            if isinstance(b, dict) and b.get("type") == "tool_use" and "id" in b
-        )
+        for b in content:
+            if not isinstance(b, dict) or "id" not in b:
+                continue
+            block_type = b.get("type")
+            # An Amplifier tool_call block repeats a call of tool_calls, or makes one.
+            if block_type == "tool_use" or (block_type == "tool_call" and b["id"] not in ids):
+                ids.append(b["id"])
     return ids
 
 
+def result_id(block: Any) -> Any:
+    """The call id a ``tool_result`` block answers (Anthropic's or Amplifier's), else None."""
+    if not isinstance(block, dict) or block.get("type") != "tool_result":
+        return None
+    found = block.get("tool_use_id")
+    return block.get("tool_call_id") if found is None else found
+
+
 def result_ids(message: dict[str, Any]) -> list[str]:
-    """The tool call ids a message answers, in any of the three formats."""
+    """The tool call ids a message answers, in any of the formats."""
     kind = item_type(message)
     if kind is not None:
         if kind in RESULT_ITEMS and _client_side(message):
@@ -114,13 +128,10 @@ def result_ids(message: dict[str, Any]) -> list[str]:
     ids = []
     if message.get("role") == "tool" and isinstance(message.get("tool_call_id"), str):
         ids.append(message["tool_call_id"])
+    own = ids[:]  # a block answering the tool message's own call is that one answer
     content = message.get("content")
     if isinstance(content, list):
-        ids.extend(
-            b["tool_use_id"]
-            for b in content
-            if isinstance(b, dict) and b.get("type") == "tool_result" and "tool_use_id" in b
-        )
+        ids.extend(rid for rid in map(result_id, content) if rid is not None and rid not in own)
     return ids
 
 

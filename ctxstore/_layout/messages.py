@@ -1,14 +1,20 @@
-"""Messages: the three shapes agents store, checked before anything is written.
+"""Messages: the shapes agents store, checked before anything is written.
 
 A message goes in as a dict and comes back out equal: the store keeps the
 dict the caller gave (as JSON), unknown keys and all, after checking it
-against the model below. The model accepts the three shapes agents use:
+against the model below. The model accepts the shapes agents use:
 
 - OpenAI Chat: ``tool_calls`` on an assistant message, and ``role: tool``
   messages carrying ``tool_call_id``;
+- Amplifier (what its orchestrators write, after amplifier-core's message
+  models): the same roles, a tool call written ``{"id", "tool",
+  "arguments"}`` (its arguments a dict), and content blocks as those models
+  dump them: ``tool_call`` blocks repeating the message's calls (one call,
+  however many times its id is written), ``tool_result`` blocks naming
+  their call by ``tool_call_id``, ``thinking`` blocks holding ``text``;
 - Anthropic Messages: content blocks (``text``, ``image``, ``tool_use``,
   ``tool_result``, ``thinking``, ``redacted_thinking``); block types it does
-  not know (``document``, server tools...) are kept as they are;
+  not know (``document``, ``reasoning``, server tools...) are kept as they are;
 - OpenAI Responses items (what the OpenAI Agents SDK stores): ``message``
   items with content parts, ``function_call`` / ``function_call_output``
   paired by ``call_id``, ``reasoning`` and the other item types (see
@@ -56,6 +62,7 @@ __all__ = [
     "TextBlock",
     "ThinkingBlock",
     "ToolCall",
+    "ToolCallBlock",
     "ToolResultBlock",
     "ToolUseBlock",
     "check_message",
@@ -93,23 +100,75 @@ class ToolUseBlock(BaseModel):
     input: dict[str, Any]
 
 
+class ToolCallBlock(BaseModel):
+    """An assistant's call of a tool as an Amplifier content block (``type: tool_call``).
+
+    Amplifier's orchestrators write the calls of a message twice: in its
+    ``tool_calls`` and as these blocks. A block and a ``tool_calls`` entry
+    with the same id are one call.
+    """
+
+    model_config = _OPEN
+    type: Literal["tool_call"]
+    id: NonEmpty
+    name: str
+
+
 class ToolResultBlock(BaseModel):
-    """The result of a tool call, inside a user message (Anthropic style)."""
+    """The result of a tool call, inside a user or tool message.
+
+    Anthropic names the call it answers ``tool_use_id`` (its text in
+    ``content``), Amplifier ``tool_call_id`` (its value in ``output``).
+    """
 
     model_config = _OPEN
     type: Literal["tool_result"]
-    tool_use_id: NonEmpty
+    tool_use_id: NonEmpty | None = None
+    tool_call_id: NonEmpty | None = None
     content: str | list[dict[str, Any]] | None = None
     is_error: bool | None = None
 
+    @model_validator(mode="after")
+    def _names_its_call(self) -> ToolResultBlock:
+        if self.tool_use_id is None and self.tool_call_id is None:
+            raise ValueError(
+                "a tool_result block needs the id of the call it answers: "
+                "tool_use_id (Anthropic) or tool_call_id (Amplifier)"
+            )
+        if None not in (self.tool_use_id, self.tool_call_id) and (
+            self.tool_use_id != self.tool_call_id
+        ):
+            raise ValueError("a tool_result block answers one call, not two different ids")
+        return self
+
+    @property
+    def answers(self) -> str:
+        """The id of the call it answers."""
+        found = self.tool_use_id or self.tool_call_id
+        assert found is not None, "validated: one of the two is there"
+        return found
+
 
 class ThinkingBlock(BaseModel):
-    """A thinking block (its signature is kept, never tokenized)."""
+    """A thinking block (its signature is kept, never tokenized).
+
+    Anthropic writes its text as ``thinking``; Amplifier's content models
+    write it as ``text``.
+    """
 
     model_config = _OPEN
     type: Literal["thinking"]
-    thinking: str
+    thinking: str | None = None
+    text: str | None = None
     signature: str | None = None
+
+    @model_validator(mode="after")
+    def _holds_text(self) -> ThinkingBlock:
+        if self.thinking is None and self.text is None:
+            raise ValueError(
+                "a thinking block needs its text: thinking (Anthropic) or text (Amplifier)"
+            )
+        return self
 
 
 class RedactedThinkingBlock(BaseModel):
@@ -127,7 +186,15 @@ class OtherBlock(BaseModel):
     type: NonEmpty
 
 
-_KNOWN_BLOCKS = {"text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"}
+_KNOWN_BLOCKS = {
+    "text",
+    "image",
+    "tool_use",
+    "tool_call",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+}
 
 
 def _block_tag(value: Any) -> str:
@@ -139,6 +206,7 @@ ContentBlock = Annotated[
     Annotated[TextBlock, Tag("text")]
     | Annotated[ImageBlock, Tag("image")]
     | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolCallBlock, Tag("tool_call")]
     | Annotated[ToolResultBlock, Tag("tool_result")]
     | Annotated[ThinkingBlock, Tag("thinking")]
     | Annotated[RedactedThinkingBlock, Tag("redacted_thinking")]
@@ -156,12 +224,35 @@ class FunctionCall(BaseModel):
 
 
 class ToolCall(BaseModel):
-    """An assistant's call of a tool (OpenAI style)."""
+    """An assistant's call of a tool, in ``tool_calls``.
+
+    OpenAI writes ``{"id", "type": "function", "function": {"name",
+    "arguments"}}`` (the arguments a JSON string); Amplifier writes ``{"id",
+    "tool", "arguments"}`` (the arguments a dict). A call with a
+    ``function`` is OpenAI's, whatever else it holds.
+    """
 
     model_config = _OPEN
     id: NonEmpty
     type: Literal["function"] = "function"
-    function: FunctionCall
+    function: FunctionCall | None = None
+    tool: Any = None
+    arguments: Any = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ToolCall:
+        if self.function is not None:
+            return self
+        if self.tool is None:
+            raise ValueError(
+                "a tool call needs a function (OpenAI: its name and arguments) "
+                "or a tool and its arguments (Amplifier)"
+            )
+        if not isinstance(self.tool, str) or not self.tool:
+            raise ValueError("an Amplifier tool call's tool is its name (a non-empty string)")
+        if not isinstance(self.arguments, dict):
+            raise ValueError("an Amplifier tool call needs its arguments (a dict)")
+        return self
 
 
 class Message(BaseModel):
@@ -172,7 +263,7 @@ class Message(BaseModel):
         content: Text, a list of content blocks, or ``None`` on an assistant
             message that only calls tools.
         name: An optional participant name.
-        tool_calls: OpenAI-style tool calls (assistant only).
+        tool_calls: Tool calls, OpenAI's or Amplifier's (assistant only).
         tool_call_id: The call a ``tool`` message answers (required there).
         metadata: Free metadata, kept as given.
     """
@@ -189,13 +280,15 @@ class Message(BaseModel):
     def _check_shape(self) -> Message:
         blocks = self.content if isinstance(self.content, list) else []
         uses = [b for b in blocks if isinstance(b, ToolUseBlock)]
+        listed = [b for b in blocks if isinstance(b, ToolCallBlock)]
         results = [b for b in blocks if isinstance(b, ToolResultBlock)]
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError(f"tool_calls are only allowed on assistant messages, not {self.role}")
-        if uses and self.role != "assistant":
-            raise ValueError(
-                f"tool_use blocks are only allowed in assistant messages, not {self.role}"
-            )
+        for kind, found in (("tool_use", uses), ("tool_call", listed)):
+            if found and self.role != "assistant":
+                raise ValueError(
+                    f"{kind} blocks are only allowed in assistant messages, not {self.role}"
+                )
         if results and self.role not in ("user", "tool"):
             raise ValueError(f"tool_result blocks belong in user or tool messages, not {self.role}")
         if self.role == "tool" and self.tool_call_id is None and not results:
@@ -205,9 +298,16 @@ class Message(BaseModel):
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError("content may be empty only on an assistant message that calls tools")
         call_ids = [c.id for c in self.tool_calls or ()] + [u.id for u in uses]
-        if len(call_ids) != len(set(call_ids)):
+        # A tool_call block repeats a call of tool_calls (Amplifier writes both), or is one.
+        blocked = [b.id for b in listed]
+        if (
+            len(call_ids) != len(set(call_ids))
+            or len(blocked) != len(set(blocked))
+            or not {u.id for u in uses}.isdisjoint(blocked)
+        ):
             raise ValueError("a message calls the same tool call id twice")
-        answered = [r.tool_use_id for r in results] + [self.tool_call_id or ""]
+        call_ids += blocked
+        answered = [r.answers for r in results] + [self.tool_call_id or ""]
         if any(_CONTROL.search(i) for i in call_ids + answered):
             raise ValueError("tool call ids may not hold control characters")
         return self
@@ -367,7 +467,9 @@ def _item_problem(item: dict[str, Any]) -> str | None:
 def _describe(exc: PydanticValidationError) -> str:
     parts = []
     for error in exc.errors(include_url=False)[:3]:
-        where = ".".join(str(part) for part in error["loc"])
-        parts.append(f"{where or 'message'}: {error['msg']}")
+        # Leave out pydantic's names of union members ("list[tagged-union[...]]").
+        where = ".".join(str(part) for part in error["loc"] if "[" not in str(part))
+        said = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{where or 'message'}: {said}")
     more = exc.error_count() - len(parts)
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")

@@ -17,6 +17,7 @@ import re
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from ctxstore._layout.formats import result_id
 from ctxstore._local.entries import LedgerEntry
 from ctxstore._local.fact_words import FactKind
 from ctxstore._local.facts import Fact, clip, is_statement, key_of, prose_facts
@@ -94,7 +95,7 @@ _FIELD = re.compile(r'^\s*"(?P<k>[A-Za-z][\w .-]{2,60})"\s*:\s*"?(?P<v>[^"{}\[\]
 
 
 def turn(message: dict[str, Any]) -> Turn | None:
-    """A message in any of the three formats, or None when it holds nothing to summarize."""
+    """A message in any of the formats, or None when it holds nothing to summarize."""
     kind = message.get("type")
     if "role" not in message and isinstance(kind, str):  # an OpenAI Responses item
         if kind.endswith("_call_output"):
@@ -109,6 +110,7 @@ def turn(message: dict[str, Any]) -> Turn | None:
     if role in ("system", "developer"):
         return None  # a view sends these itself
     texts, calls, results = [], [], []
+    listed = [c for c in message.get("tool_calls") or () if isinstance(c, dict)]
     content = message.get("content")
     if isinstance(content, str):
         texts.append(content)
@@ -116,17 +118,26 @@ def turn(message: dict[str, Any]) -> Turn | None:
         btype = block.get("type") if isinstance(block, dict) else None
         if btype in ("text", "input_text", "output_text"):
             texts.append(str(block.get("text", "")))
-        elif btype == "tool_use":
-            calls.append((str(block["id"]), str(block.get("name")), _args(block.get("input"))))
+        elif btype == "tool_use" or (
+            # Amplifier writes a call of tool_calls again as a tool_call block.
+            btype == "tool_call" and all(c.get("id") != block["id"] for c in listed)
+        ):
+            given = block.get("input", block.get("arguments"))
+            calls.append((str(block["id"]), str(block.get("name")), _args(given)))
         elif btype == "tool_result":
-            output = _flatten(block.get("content"))
-            results.append((str(block.get("tool_use_id")), output, bool(block.get("is_error"))))
-    for call in message.get("tool_calls") or ():
-        function = call.get("function", {}) if isinstance(call, dict) else {}
-        arguments = _args(function.get("arguments"))
-        calls.append((str(call.get("id")), str(function.get("name", "?")), arguments))
+            output = _flatten(block.get("content", block.get("output")))
+            results.append((str(result_id(block)), output, bool(block.get("is_error"))))
+    for made in listed:
+        function = made.get("function")
+        if isinstance(function, dict):
+            name, arguments = function.get("name", "?"), function.get("arguments")
+        else:  # Amplifier's form: {"id", "tool", "arguments"}
+            name, arguments = made.get("tool", "?"), made.get("arguments")
+        calls.append((str(made.get("id")), str(name), _args(arguments)))
     if role in ("tool", "function"):
         call_id = message.get("tool_call_id") or message.get("name")
+        if call_id is None and results:  # a tool message of result blocks only
+            return Turn("tool", "", [], results)
         return Turn("tool", "", [], [(str(call_id), "\n".join(texts), False)])
     return Turn(role, "\n".join(t for t in texts if t), calls, results)
 

@@ -141,7 +141,7 @@ def terms(value: str) -> list[str]:
 
 
 def message_text(message: dict[str, Any]) -> str:
-    """Every string a message holds, in any of the three formats, one per line.
+    """Every string a message holds, in any of the formats, one per line.
 
     Text, tool names, tool arguments (parsed when they are JSON, keys
     included) and tool results; ids, types, signatures and binary data left out.
@@ -161,6 +161,8 @@ def message_text(message: dict[str, Any]) -> str:
             if value:
                 parts.append(value)
         elif isinstance(value, dict):
+            if field == "arguments":
+                field = None  # Amplifier's arguments, a dict: keys included, as parsed JSON's
             for key, item in value.items():
                 if key in _SKIPPED_FIELDS:
                     continue

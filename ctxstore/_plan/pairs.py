@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxstore._layout.codec import Entry
-from ctxstore._layout.formats import call_ids, item_type, result_ids
+from ctxstore._layout.formats import call_ids, item_type, result_id, result_ids
 
 __all__ = ["Pairs", "in_place", "pair", "place", "without_calls", "without_results"]
 
@@ -182,23 +182,22 @@ def without_results(message: dict[str, Any], keep: set[str]) -> dict[str, Any] |
     """The message with only its results for ``keep`` (each once); ``None`` if nothing is left."""
     if item_type(message) is not None:  # a Responses item answers one id: all or nothing
         return message if all(rid in keep for rid in result_ids(message)) else None
-    seen: set[str] = set()
-    if message.get("role") == "tool" and isinstance(message.get("tool_call_id"), str):
-        if message["tool_call_id"] not in keep:
-            return None
-        seen.add(message["tool_call_id"])
+    own = message.get("tool_call_id") if message.get("role") == "tool" else None
+    if isinstance(own, str) and own not in keep:
+        return None
     content = message.get("content")
     if not isinstance(content, list):
         return message
+    seen: set[str] = set()
     blocks = []
     for block in content:
-        if isinstance(block, dict) and block.get("type") == "tool_result":
-            rid = block.get("tool_use_id")
+        rid = result_id(block)
+        if rid is not None:
             if rid not in keep or rid in seen:
                 continue
-            seen.add(rid)
+            seen.add(rid)  # a block answering the message's own call is kept, once
         blocks.append(block)
-    if blocks or seen:  # a tool message answering its call stays, whatever its content
+    if blocks or seen or isinstance(own, str):  # a tool message answering its call stays
         return {**message, "content": blocks}
     return None
 
@@ -221,10 +220,15 @@ def without_calls(message: dict[str, Any], keep: set[str]) -> dict[str, Any] | N
             del fixed["tool_calls"]
     content = message.get("content")
     if isinstance(content, list):
+        # Anthropic's tool_use blocks, and the tool_call blocks Amplifier writes beside tool_calls.
         content = [
             b
             for b in content
-            if not (isinstance(b, dict) and b.get("type") == "tool_use" and b.get("id") not in keep)
+            if not (
+                isinstance(b, dict)
+                and b.get("type") in ("tool_use", "tool_call")
+                and b.get("id") not in keep
+            )
         ]
         fixed["content"] = content
     if not fixed.get("tool_calls") and not call_ids(fixed) and not content:

@@ -20,6 +20,25 @@ Config keys:
         persistent context managers.
     recall_tools: Also mount the recall tools (search the whole history,
         read an entry in full, pin; :mod:`ctxstore.recall`); True by default.
+    protected_recent: The newest share of the messages (0 to 1) that
+        compaction keeps, as context-simple's option of that name: when the
+        view compacted down to the threshold would leave any of them out,
+        the view takes the whole budget instead, so the newest tool exchange
+        stays whole while the budget can hold it. What the budget cannot
+        hold is still left out. 0 (off) by default.
+    add_timestamps: Stamp each added message's ``metadata.timestamp`` with
+        the time it was added, as context-simple does (ISO 8601 in UTC, to
+        the millisecond, in the store's clock when it was given one). A
+        timestamp already there is kept, the caller's dict is not changed,
+        and ``set_messages`` stamps nothing. False by default: the history
+        is then exactly what was added.
+
+Messages are stored as Amplifier's modules write them: the tool calls of an
+assistant message as ``{"id", "tool", "arguments"}``, content blocks as
+amplifier-core's message models dump them. Content blocks given as objects
+are stored as their model's own dump (a pydantic model's
+``model_dump(mode="json")``, a content-models block's ``to_dict()``) and
+given back as that dump.
 
 Compaction is a view: the history is never changed by it. When a view drops,
 summarizes or offloads anything, ``context:pre_compact`` and
@@ -28,10 +47,14 @@ summarizes or offloads anything, ``context:pre_compact`` and
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import BaseModel
 
 from ctxstore.budget import MAX_BUDGET, Budget, resolve_budget
 from ctxstore.errors import BudgetExceededError, ConfigurationError, InvalidInputError
@@ -45,6 +68,7 @@ __all__ = ["RecallTool", "StoreContextManager", "mount"]
 log = logging.getLogger("ctxstore.amplifier")  # its name before it moved: log configs use it
 
 EVENTS = ("context:pre_compact", "context:post_compact")
+_TAIL_LIMIT = 10_000  # the most one ContextStore.tail reads
 _SETTINGS_KEYS = ("redis_url", "tenant", "key_prefix")
 
 
@@ -59,6 +83,9 @@ class StoreContextManager:
         hooks: Something with ``async emit(event, data)``, for the events.
         keep_stored_on_resume: Ignore the first ``set_messages`` if the
             session already had messages.
+        protected_recent: The newest share of the messages that compaction
+            down to the threshold keeps (see the module's config keys).
+        add_timestamps: Stamp each added message's ``metadata.timestamp``.
     """
 
     def __init__(
@@ -70,8 +97,12 @@ class StoreContextManager:
         compaction_threshold: float = 0.92,
         hooks: Any | None = None,
         keep_stored_on_resume: bool = False,
+        protected_recent: float = 0.0,
+        add_timestamps: bool = False,
     ) -> None:
-        problem = _check_limits(max_tokens, compaction_threshold)
+        problem = _check_limits(max_tokens, compaction_threshold) or _check_options(
+            protected_recent, add_timestamps
+        )
         if problem:
             raise InvalidInputError(problem)
         store.keys(session_id)  # refuses an invalid id now, not at the first call
@@ -79,14 +110,24 @@ class StoreContextManager:
         self.session_id = session_id
         self.max_tokens = max_tokens
         self.compaction_threshold = compaction_threshold
+        self.protected_recent = protected_recent
+        self.add_timestamps = add_timestamps
         self.last_view: RequestView | None = None
         self.last_model: str | None = None
         self._hooks = hooks
         self._ignore_next_set = keep_stored_on_resume
 
     async def add_message(self, message: dict[str, Any]) -> None:
-        """Append a message to the session (validated; one round trip, no lock)."""
+        """Append a message to the session (validated; one round trip, no lock).
+
+        Raises:
+            InvalidMessageError: It is malformed, or holds what is not JSON;
+                nothing is written.
+        """
         self._ignore_next_set = False
+        message = _as_json(message)
+        if self.add_timestamps:
+            message = _stamped(message, self._now())
         await self.store.append(self.session_id, message)
 
     async def get_messages_for_request(
@@ -110,12 +151,12 @@ class StoreContextManager:
         )
         view = await self._view(budget, self.compaction_threshold)
         stats = view.stats
-        # Compacting down to the threshold left no room: the whole budget may
-        # still hold the protected messages. Read again only if it can.
-        if (
-            stats.over_budget
-            and self.compaction_threshold < 1
-            and stats.protected_tokens <= budget.cl100k
+        # Compacting down to the threshold left no room, or left out some of
+        # the newest messages kept whole (protected_recent): the whole budget
+        # may hold them. Read again only if it can.
+        if self.compaction_threshold < 1 and (
+            (stats.over_budget and stats.protected_tokens <= budget.cl100k)
+            or (not stats.over_budget and await self._leaves_out_recent(view))
         ):
             view = await self._view(budget, 1.0)
             stats = view.stats
@@ -144,6 +185,33 @@ class StoreContextManager:
                 },
             )
         return view.messages
+
+    async def _leaves_out_recent(self, view: RequestView) -> bool:
+        """Whether ``view`` leaves out any of the newest ``protected_recent`` share.
+
+        As context-simple counts it: the newest ``n - int(n * (1 - share))``
+        of the history's ``n`` messages (10,000 at most). A view that dropped
+        nothing holds them all (a tool result sent as its preview is still
+        sent); one that did is compared with them, as stored (one read).
+        One sent moved or stripped by a repair counts as left out: the whole
+        budget's view is taken, which holds at least as much.
+        """
+        stats = view.stats
+        if not self.protected_recent or not stats.dropped:
+            return False
+        count = stats.history_messages
+        newest = min(count - int(count * (1 - self.protected_recent)), _TAIL_LIMIT)
+        if newest <= 0:
+            return False
+        if newest > len(view.messages):
+            return True
+        stored = await self.store.tail(self.session_id, newest)
+        sent = view.messages[len(view.messages) - len(stored) :]
+        previews = set(stats.offloaded)
+        return any(
+            kept.entry_id not in previews and kept.message != message
+            for kept, message in zip(stored, sent, strict=True)
+        )
 
     async def _view(self, budget: Budget, share: float) -> RequestView:
         """The view at ``share`` of the resolved budget (its model picks the factor)."""
@@ -179,12 +247,24 @@ class StoreContextManager:
         return await self.store.get_messages(self.session_id)
 
     async def set_messages(self, messages: list[dict[str, Any]]) -> None:
-        """Replace the history (session resume), under the session's lease."""
+        """Replace the history (session resume), under the session's lease.
+
+        Raises:
+            InvalidMessageError: One of them is malformed; nothing is written.
+        """
         if self._ignore_next_set:
             self._ignore_next_set = False
             log.info("ignoring set_messages: session %s was loaded from the store", self.session_id)
             return
-        await self.store.replace(self.session_id, messages)
+        given = [_as_json(m) for m in messages] if isinstance(messages, list) else messages
+        await self.store.replace(self.session_id, given)
+
+    async def should_compact(self) -> bool:
+        """False, always: each request's view compacts (loop-events asks after each turn)."""
+        return False
+
+    async def compact(self) -> None:
+        """Nothing to do: the history is never compacted, each request's view is."""
 
     async def clear(self) -> None:
         """Drop every message of the session."""
@@ -195,6 +275,16 @@ class StoreContextManager:
         """The recall tools over this session, as Amplifier tools (to mount as ``tools``)."""
         recall = RecallTools(self.store, self.session_id, names=names)
         return [RecallTool(recall, name) for name in recall.names]
+
+    def _now(self) -> str:
+        """The time, as context-simple stamps it: ISO 8601, UTC, milliseconds."""
+        clock = self.store.clock
+        moment = (
+            datetime.now(UTC)
+            if clock is None
+            else datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
+        )
+        return moment.isoformat(timespec="milliseconds")
 
     async def _emit(self, event: str, data: dict[str, Any]) -> None:
         if self._hooks is None:
@@ -242,7 +332,11 @@ async def mount(
     threshold = config.get("compaction_threshold", 0.92)
     keep_stored = config.get("keep_stored_on_resume", True)
     with_tools = config.get("recall_tools", True)
-    problem = _check_limits(max_tokens, threshold)
+    protected_recent = config.get("protected_recent", 0.0)
+    add_timestamps = config.get("add_timestamps", False)
+    problem = _check_limits(max_tokens, threshold) or _check_options(
+        protected_recent, add_timestamps
+    )
     if problem is None and not isinstance(keep_stored, bool):
         problem = f"keep_stored_on_resume must be true or false, not {keep_stored!r}"
     if problem is None and not isinstance(with_tools, bool):
@@ -264,6 +358,8 @@ async def mount(
             compaction_threshold=threshold,
             hooks=getattr(coordinator, "hooks", None),
             keep_stored_on_resume=existed and keep_stored,
+            protected_recent=protected_recent,
+            add_timestamps=add_timestamps,
         )
         await coordinator.mount("context", context, name="context-ctxstore")
         for tool in context.recall_tools() if with_tools else ():
@@ -296,3 +392,52 @@ def _check_limits(max_tokens: object, compaction_threshold: object) -> str | Non
     ):
         return f"compaction_threshold must be a number in (0, 1], not {compaction_threshold!r}"
     return None
+
+
+def _check_options(protected_recent: object, add_timestamps: object) -> str | None:
+    """What is wrong with the context-simple options, or ``None``."""
+    if (
+        isinstance(protected_recent, bool)
+        or not isinstance(protected_recent, int | float)
+        or not 0 <= protected_recent <= 1
+    ):
+        return f"protected_recent must be a number from 0 to 1, not {protected_recent!r}"
+    if not isinstance(add_timestamps, bool):
+        return f"add_timestamps must be true or false, not {add_timestamps!r}"
+    return None
+
+
+def _as_json(message: Any) -> Any:
+    """``message``, its content blocks given as objects replaced by their model's own dump.
+
+    A pydantic model (amplifier-core's message models) is dumped with
+    ``model_dump(mode="json")``; a block of amplifier-core's content models
+    (dataclasses) with its ``to_dict()``. Anything else is left for the
+    store to check. The caller's message is not changed.
+    """
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    if not isinstance(content, list) or all(isinstance(b, dict) for b in content):
+        return message  # the usual case: nothing to dump
+    return {**message, "content": [_dumped(block) for block in content]}
+
+
+def _dumped(block: Any) -> Any:
+    if isinstance(block, BaseModel):
+        return block.model_dump(mode="json")
+    if dataclasses.is_dataclass(block) and not isinstance(block, type):
+        to_dict = getattr(block, "to_dict", None)
+        if callable(to_dict):
+            return to_dict()
+    return block
+
+
+def _stamped(message: Any, now: str) -> Any:
+    """``message`` with ``metadata.timestamp`` set to ``now`` unless one is there."""
+    if not isinstance(message, dict):
+        return message
+    metadata = message.get("metadata") or {}
+    if not isinstance(metadata, dict) or "timestamp" in metadata:
+        return message  # one kept as given; metadata that is not a dict is refused
+    return {**message, "metadata": {**metadata, "timestamp": now}}
