@@ -47,11 +47,7 @@ _NEEDS = {
     "workers/test_worker_logs.py": "arq",
     "workers/test_deploy.py": "arq",
     "workers/test_summarizers.py": "anthropic",
-    "integrations/test_amplifier.py": "amplifier_core",
-    "integrations/test_amplifier_agent_loop.py": "amplifier_core",
-    "integrations/test_amplifier_context_simple.py": "amplifier_core",
-    "integrations/test_amplifier_loop_basic.py": "amplifier_core",
-    "integrations/test_amplifier_messages.py": "amplifier_core",
+    "integrations/amplifier": "amplifier_core",
 }
 collect_ignore = [name for name, module in _NEEDS.items() if not importlib.util.find_spec(module)]
 
