@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx2
 import openai
 import pytest
 from pydantic import SecretStr
-from support.chat_api import api_error, completion_json, ok
+from support.apis import Reply, ScriptedAPI, raising
+from support.apis.chat import api_error, completion_json, ok
 from support.helpers import SYSTEM, append_until_due
 from support.servers import run_burst
 
@@ -47,32 +48,14 @@ NARRATIVE = "- read /etc/ctx/app.yaml: port 8443"
 
 # -- a scripted Chat Completions API ------------------------------------------------
 
-Reply = httpx2.Response | Callable[[httpx2.Request], httpx2.Response]
 
-
-def raising(make: Callable[[httpx2.Request], Exception]) -> Callable[[httpx2.Request], Any]:
-    """A reply that fails at the transport (a timeout, a refused connection)."""
-
-    def reply(request: httpx2.Request) -> httpx2.Response:
-        raise make(request)
-
-    return reply
-
-
-class FakeChatAPI:
+class FakeChatAPI(ScriptedAPI):
     """Plays back one scripted reply per request and records every request."""
 
     def __init__(self) -> None:
-        self.requests: list[httpx2.Request] = []
-        self.script: list[Reply] = []
-        self.http = httpx2.AsyncClient(transport=httpx2.MockTransport(self._handle))
-
-    def _handle(self, request: httpx2.Request) -> httpx2.Response:
-        self.requests.append(request)
-        if not self.script:
-            return api_error(500, "the test scripted no reply for this request", "server_error")
-        reply = self.script.pop(0)
-        return reply(request) if callable(reply) else reply
+        super().__init__(
+            lambda: api_error(500, "the test scripted no reply for this request", "server_error")
+        )
 
     def summarizer(self, base_url: str = OPENAI, **kwargs: Any) -> OpenAISummarizer:
         """An OpenAISummarizer on this transport, the client's own retries off (as arq retries)."""

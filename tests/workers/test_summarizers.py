@@ -10,15 +10,16 @@ agent conversation survive into a view that has dropped those turns.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anthropic
 import httpx2
 import pytest
 from pydantic import SecretStr
+from support.apis import Reply, ScriptedAPI, raising
+from support.apis.messages import SUMMARY_TEXT, api_error, message_json, ok
 from support.helpers import conversation
-from support.messages_api import SUMMARY_TEXT, api_error, message_json, ok
 
 from ctxstore import (
     ContextStore,
@@ -41,32 +42,14 @@ MODEL = "claude-haiku-4-5"
 
 # -- a scripted Messages API -------------------------------------------------------
 
-Reply = httpx2.Response | Callable[[httpx2.Request], httpx2.Response]
 
-
-def raising(make: Callable[[httpx2.Request], Exception]) -> Callable[[httpx2.Request], Any]:
-    """A reply that fails at the transport (a timeout, a refused connection)."""
-
-    def reply(request: httpx2.Request) -> httpx2.Response:
-        raise make(request)
-
-    return reply
-
-
-class FakeMessagesAPI:
+class FakeMessagesAPI(ScriptedAPI):
     """Plays back one scripted reply per request and records every request."""
 
     def __init__(self) -> None:
-        self.requests: list[httpx2.Request] = []
-        self.script: list[Reply] = []
-        self.http = httpx2.AsyncClient(transport=httpx2.MockTransport(self._handle))
-
-    def _handle(self, request: httpx2.Request) -> httpx2.Response:
-        self.requests.append(request)
-        if not self.script:
-            return api_error(500, "api_error", "the test scripted no reply for this request")
-        reply = self.script.pop(0)
-        return reply(request) if callable(reply) else reply
+        super().__init__(
+            lambda: api_error(500, "api_error", "the test scripted no reply for this request")
+        )
 
     def client(self) -> anthropic.AsyncAnthropic:
         """An SDK client on this transport, its own retries off (as arq retries)."""

@@ -30,7 +30,7 @@ import pytest
 from pydantic import SecretStr
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
-from support.messages_api import api_error, ok
+from support.apis.messages import api_error, ok
 from support.servers import PrivateRedis, ServerPool, run_burst
 
 import workers.jobs

@@ -1,6 +1,6 @@
 """An Amplifier agent loop on ctxstore: what the model is sent, and what is stored.
 
-The loop is :class:`support.amplifier_loop.AgentLoop`, shaped like
+The loop is :class:`amplifier_loop.AgentLoop`, shaped like
 Amplifier's reference orchestrator loop-basic (not on the package index).
 A scripted model answers two prompts over several turns: parallel tool calls,
 a tool that fails and one that is not there, extended thinking with its
@@ -30,7 +30,7 @@ from amplifier_core.message_models import (
 )
 from amplifier_core.models import ProviderInfo
 from amplifier_core.testing import EventRecorder
-from support.amplifier_loop import AgentLoop, ListContext
+from amplifier_loop import AgentLoop, ListContext
 from support.config import RUN_PREFIX
 from support.helpers import paired
 

@@ -12,7 +12,7 @@ Each assertion is kept as it is. Two constructions are swapped:
   ctxstore ``StoreContextManager`` over the test Redis, under a key prefix
   of the test's own;
 - loop-basic is not on the package index, so its orchestrator,
-  ``BasicOrchestrator(config)``, is :class:`support.amplifier_loop.AgentLoop`,
+  ``BasicOrchestrator(config)``, is :class:`amplifier_loop.AgentLoop`,
   a loop written for these tests that adds and reads messages as loop-basic
   does (its docstring says how).
 
@@ -37,7 +37,7 @@ from amplifier_core.message_models import ChatRequest, ChatResponse, TextBlock
 from amplifier_core.testing import EventRecorder
 from amplifier_core.validation.behavioral import OrchestratorBehaviorTests
 from amplifier_core.validation.structural import OrchestratorStructuralTests
-from support.amplifier_loop import AgentLoop as BasicOrchestrator
+from amplifier_loop import AgentLoop as BasicOrchestrator
 from support.config import RUN_PREFIX
 
 from ctxstore import ContextStore
