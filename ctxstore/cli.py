@@ -15,15 +15,16 @@ ctxstore compact SESSION                queue a summary now and wait for it
 ctxstore limits [--sessions N] [--unset NAME]   the limits in force; set or unset one
 ctxstore forget --tenant T --dry-run|--yes      delete every session of a tenant
 ctxstore sweep                          queue the summaries whose job was lost or failed
-ctxstore acl --credentials F [--out F]  render least-privilege ACL users
+ctxstore acl --credentials F [--out F]  render least-privilege ACL users (--rotate: new passwords)
 ctxstore functions load|prune|show      the scripts as Redis Functions (run by FCALL)
 ctxstore embedded stop                  stop the embedded Redis (its data stays)
 ```
 
 Settings come from ``CTXSTORE_*`` variables, read when a command runs. Every
 read command takes ``--json`` (stable keys, for scripts). Errors are one line
-on stderr naming the setting to fix; exit status 2 for a configuration,
-connection, permission or usage error, 1 for anything else that failed.
+on stderr naming the setting to fix. A command reports a failure by raising;
+its exit status comes from the one table, :mod:`ctxstore._cli.exits`: 1 when
+what it names is not there or did not happen, 2 when it could not run.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from ctxstore._cli.exits import ExitStatus, status_of
 from ctxstore.errors import (
     ConfigurationError,
     CtxstoreError,
+    EntryNotFoundError,
     ForgetIncompleteError,
     InvalidInputError,
     PermissionDeniedError,
+    SessionNotFoundError,
     StoreError,
     StoreUnavailableError,
 )
@@ -61,9 +65,6 @@ from ctxstore._cli.history import COMMANDS as HISTORY_COMMANDS
 
 __all__ = ["LIMITS", "LIMIT_FLAGS", "main"]
 
-USAGE_ERROR = 2
-"""Exit status for a usage, configuration, connection or permission error (argparse's too)."""
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status.
@@ -79,9 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # flush cannot fail with a second BrokenPipeError and a traceback.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        return ExitStatus.FAILED
     except KeyboardInterrupt:
-        return 130
+        return ExitStatus.INTERRUPTED
     return code
 
 
@@ -97,61 +98,40 @@ def _main(argv: list[str]) -> int:
 
     settings: Settings | None = None
     try:
-        settings = Settings()
-        if args.command in _CONNECTING or getattr(args, "action", None) == "load":
-            _check_url(settings)
+        settings = Settings()  # a malformed URL is refused here, naming its variable
         if args.command == "worker":
             return _worker(settings, args)
         return asyncio.run(_COMMANDS[args.command](settings, args))
     except CtxstoreError as exc:
-        line, code = _explain(exc, settings)
-        print(f"ctxstore: {line}", file=sys.stderr)
-        return code
+        print(f"ctxstore: {_explain(exc, settings)}", file=sys.stderr)
+        return status_of(exc)
 
 
 # -- errors ----------------------------------------------------------------------
 
 
-def _check_url(settings: Settings) -> None:
-    """Refuse a store URL redis-py would refuse with a traceback (an ``http://`` URL)."""
-    url = settings.redis_url
-    if url is None:
-        return
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - parsing the port is the check
-    except ValueError as exc:
-        raise ConfigurationError(f"CTXSTORE_REDIS_URL is not a valid URL: {exc}") from exc
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        scheme = f"{parts.scheme}://" if parts.scheme else "a URL without a scheme"
-        raise ConfigurationError(
-            f"CTXSTORE_REDIS_URL must be a redis://, rediss:// or unix:// URL, not {scheme}"
-        )
-
-
-def _explain(exc: CtxstoreError, settings: Settings | None) -> tuple[str, int]:
-    """The one line (and exit status) an error is reported with, naming what to fix."""
+def _explain(exc: CtxstoreError, settings: Settings | None) -> str:
+    """The one line an error is reported with, naming what to fix (its status: ``status_of``)."""
     message = str(exc)
     variable, where = _url_setting(message, settings)
     if isinstance(exc, ForgetIncompleteError):
         line = f"forget of tenant {exc.tenant!r} is incomplete: {_bare(exc)}"
         if isinstance(exc.__cause__, PermissionDeniedError):
             line += f" (the Redis user of {variable} may not delete the rest)"
-        return line, USAGE_ERROR
+        return line
     if isinstance(exc, PermissionDeniedError):
         # errors.py has one class for both; the connection's edge words them apart.
         if "refused the credentials" in message:
-            return f"{message}; check the user and password in {variable}", USAGE_ERROR
-        return f"{message}; run it as a Redis user that may ({variable})", USAGE_ERROR
+            return f"{message}; check the user and password in {variable}"
+        return f"{message}; run it as a Redis user that may ({variable})"
     if isinstance(exc, StoreUnavailableError):
         # Which key the call was for says nothing about a Redis that does not answer.
-        return (
-            f"{_bare(exc).rstrip('. ')}; is Redis running at {where}? Check {variable}",
-            USAGE_ERROR,
-        )
-    if isinstance(exc, ConfigurationError | InvalidInputError):
-        return message, USAGE_ERROR
-    return message, 1
+        return f"{_bare(exc).rstrip('. ')}; is Redis running at {where}? Check {variable}"
+    if isinstance(exc, SessionNotFoundError) and None not in (exc.session, exc.tenant):
+        return f"no session {exc.session!r} for tenant {exc.tenant!r}"
+    if isinstance(exc, EntryNotFoundError) and None not in (exc.session, exc.tenant):
+        return f"{_bare(exc)} in session {exc.session!r} of tenant {exc.tenant!r}"
+    return message
 
 
 def _bare(exc: CtxstoreError) -> str:
@@ -204,13 +184,32 @@ def _worker(settings: Settings, args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise ConfigurationError(
             f"the worker needs the worker extra ({exc.name} is missing): "
-            "pip install 'ctxstore[worker]'"
+            "pip install '.[worker]' in a checkout of ctxstore"
         ) from exc
     if args.check:
         return asyncio.run(_check_worker(settings, health_check_key(settings)))
+    # A Redis that does not answer is one line, as for every command, rather than
+    # arq's retries, each a warning, and its traceback.
+    asyncio.run(_reachable(settings))
     served = {} if args.metrics_port is None else {"metrics_port": args.metrics_port}
     build_worker(settings, burst=args.burst, **served).run()
-    return 0
+    return ExitStatus.OK
+
+
+async def _reachable(settings: Settings) -> None:
+    """PING the store's Redis and the queue's, each by its own connection, retried as any call.
+
+    Raises:
+        StoreUnavailableError: One did not answer.
+        PermissionDeniedError: One refused the credentials.
+    """
+    from ctxstore.summary_queue import SummaryQueue
+
+    async with _store(settings, None) as store:
+        connection = store._connection
+        await connection.call(lambda: connection.client.ping())
+    queue = await SummaryQueue.connect(settings)  # it PINGs
+    await queue.aclose()
 
 
 async def _check_worker(settings: Settings, key: str) -> int:
@@ -222,7 +221,7 @@ async def _check_worker(settings: Settings, key: str) -> int:
     finally:
         await queue.aclose()
     print(found if found else f"no health check at {key}")
-    return 0 if found else 1
+    return ExitStatus.OK if found else ExitStatus.FAILED
 
 
 # -- read commands ---------------------------------------------------------------
@@ -268,12 +267,10 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     from ctxstore._cli.render import show_status
 
     async with _store(settings, args.tenant) as store:
-        info = await store.info(args.session)
-    if not info.exists:
-        return _no_session(info)
+        info = _existing(await store.info(args.session))
     job = await _job_state(settings, info) if info.summary_due else None
     show_status(info, job, as_json=args.json)
-    return 0
+    return ExitStatus.OK
 
 
 async def _job_state(settings: Settings, info: SessionInfo) -> str:
@@ -292,18 +289,22 @@ async def _job_state(settings: Settings, info: SessionInfo) -> str:
         await queue.aclose()
 
 
-def _no_session(info: SessionInfo) -> int:
-    print(f"ctxstore: no session {info.session!r} for tenant {info.tenant!r}", file=sys.stderr)
-    return 1
+def _existing(info: SessionInfo) -> SessionInfo:
+    """``info``, of a session that exists.
+
+    Raises:
+        SessionNotFoundError: It does not.
+    """
+    if not info.exists:
+        raise SessionNotFoundError("no such session", tenant=info.tenant, session=info.session)
+    return info
 
 
 async def _view(settings: Settings, args: argparse.Namespace) -> int:
     from ctxstore._cli.render import show_view
 
     async with _store(settings, args.tenant) as store:
-        info = await store.info(args.session, pins=False)
-        if not info.exists:
-            return _no_session(info)
+        info = _existing(await store.info(args.session, pins=False))
         view = await store.view(args.session, token_budget=args.budget, model=args.model)
     show_view(info.tenant, args.session, view, messages=args.messages, as_json=args.json)
     return 0
@@ -313,9 +314,7 @@ async def _search(settings: Settings, args: argparse.Namespace) -> int:
     from ctxstore._cli.render import show_search
 
     async with _store(settings, args.tenant) as store:
-        info = await store.info(args.session, pins=False)
-        if not info.exists:
-            return _no_session(info)
+        info = _existing(await store.info(args.session, pins=False))
         hits = await store.search(args.session, args.query, limit=args.limit)
     show_search(info.tenant, args.session, args.query, hits, as_json=args.json)
     return 0
@@ -363,8 +362,7 @@ async def _limits(settings: Settings, args: argparse.Namespace) -> int:
     try:
         TenantLimits(**changes)  # refused before anything is read or written
     except ValidationError as exc:
-        print(f"ctxstore: invalid limits: {_limits_error(exc)}", file=sys.stderr)
-        return USAGE_ERROR
+        raise InvalidInputError(f"invalid limits: {_limits_error(exc)}") from exc
     async with _store(settings, args.tenant) as store:
         if changes or args.unset:
             current = (await store.limits()).model_dump()
@@ -414,6 +412,12 @@ async def _forget(settings: Settings, args: argparse.Namespace) -> int:
 
     async with _store(settings, args.tenant) as store:
         listed = await store.list_sessions(limit=LISTED_MAX)
+        if not listed and await _holds_nothing(store):
+            raise CtxstoreError(
+                f"tenant {store.tenant!r} has no sessions and no limits of its own: nothing "
+                "to forget (is the tenant id right? `ctxstore sessions --tenant T` lists "
+                "a tenant's sessions)"
+            )
         more = len(listed) == LISTED_MAX
         count = f"{len(listed):,}{' or more' if more else ''}"
         if args.dry_run:
@@ -421,12 +425,10 @@ async def _forget(settings: Settings, args: argparse.Namespace) -> int:
             show_forget_plan(store.tenant, rows, more=more, as_json=args.json)
             return 0
         if not args.yes:
-            print(
-                f"ctxstore: forget would delete tenant {store.tenant!r}: {count} sessions, "
-                "its limits and its index. Add --yes to delete them (--dry-run lists them).",
-                file=sys.stderr,
+            raise InvalidInputError(
+                f"forget would delete tenant {store.tenant!r}: {count} sessions, "
+                "its limits and its index. Add --yes to delete them (--dry-run lists them)."
             )
-            return USAGE_ERROR
         removed = await store.forget_tenant()
         tenant = store.tenant
     if args.json:
@@ -434,6 +436,24 @@ async def _forget(settings: Settings, args: argparse.Namespace) -> int:
     else:
         print(f"deleted tenant {tenant!r}: {removed:,} sessions, its limits and its index")
     return 0
+
+
+async def _holds_nothing(store: ContextStore) -> bool:
+    """True when a tenant with no sessions left has nothing else to forget either.
+
+    No limits of its own, and not among the tenants that ever wrote (those
+    whose sessions all went still have their tombstones). A Redis user that
+    may not list the tenants is answered False: forget then runs, and says
+    what it deleted.
+    """
+    from ctxstore.models import TenantLimits
+
+    if await store.limits() != TenantLimits():
+        return False
+    try:
+        return store.tenant not in await store.list_tenants()
+    except PermissionDeniedError:
+        return False
 
 
 # -- acl, functions ----------------------------------------------------------------
@@ -449,7 +469,10 @@ async def _acl(settings: Settings, args: argparse.Namespace) -> int:
     clash = set(operators) & set(rendered)
     if clash:
         raise InvalidInputError(f"--admin and --probe may not name a rendered user: {clash.pop()}")
-    passwords = {name: secrets.token_urlsafe(24) for name in [*operators, *rendered]}
+    users = [*operators, *rendered]
+    # Passwords already handed out (in the pods' URLs) stay, unless --rotate.
+    known = {} if args.rotate else _known_passwords(args.credentials)
+    passwords = {name: known.get(name) or secrets.token_urlsafe(24) for name in users}
     lines = []
     if args.admin is not None:
         # Without this line Redis keeps a `default` user with no password and every right.
@@ -465,7 +488,53 @@ async def _acl(settings: Settings, args: argparse.Namespace) -> int:
         _write_private(args.out, text)
     else:
         print(text, end="")
+    print(_acl_report(args, users, known), file=sys.stderr)
     return 0
+
+
+def _known_passwords(path: str) -> dict[str, str]:
+    """The passwords a credentials file already holds (none if there is no file).
+
+    Raises:
+        InvalidInputError: It cannot be read, or is not a JSON object of user: password.
+    """
+    import json
+
+    fix = "fix or remove it, or pass --rotate to make new passwords"
+    try:
+        with open(path, encoding="utf-8") as source:
+            found = json.load(source)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read {path}: {exc.strerror}; {fix}") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidInputError(f"{path} is not JSON ({exc}); {fix}") from exc
+    if not isinstance(found, dict) or not all(
+        isinstance(user, str) and isinstance(secret, str) and secret
+        for user, secret in found.items()
+    ):
+        raise InvalidInputError(f"{path} is not a JSON object of user: password; {fix}")
+    return found
+
+
+def _acl_report(args: argparse.Namespace, users: list[str], known: dict[str, str]) -> str:
+    """What ``acl`` wrote, and which passwords are new."""
+    where = args.out or "stdout"
+    new = [name for name in users if name not in known]
+    if args.rotate:
+        passwords = f"{len(users)} new passwords (--rotate)"
+    elif not new:
+        passwords = f"every password kept from {args.credentials}"
+    else:
+        kept = len(users) - len(new)
+        passwords = f"{kept} kept, {len(new)} new ({', '.join(new)})"
+    line = f"wrote {len(users)} users to {where} and their passwords to {args.credentials}: "
+    line += passwords
+    dropped = sorted(set(known) - set(users))
+    if dropped:
+        line += f"; dropped {', '.join(dropped)} (not rendered this time)"
+    return line
 
 
 async def _functions(settings: Settings, args: argparse.Namespace) -> int:
@@ -476,14 +545,31 @@ async def _functions(settings: Settings, args: argparse.Namespace) -> int:
         print(library(), end="")
         return 0
     async with _store(settings, None) as store:
-        if args.action == "prune":
-            pruned = await prune_functions(store._connection)
-            for node, names in pruned.items():
-                print(f"deleted on {node}: {', '.join(names) or 'none'} (kept {LIBRARY_NAME})")
-            return 0
-        nodes = await load_functions(store._connection)
+        try:
+            if args.action == "prune":
+                pruned = await prune_functions(store._connection)
+                for node, names in pruned.items():
+                    print(f"deleted on {node}: {', '.join(names) or 'none'} (kept {LIBRARY_NAME})")
+                return 0
+            nodes = await load_functions(store._connection)
+        except StoreError as exc:
+            if not _unknown_command(exc, "FUNCTION"):
+                raise
+            url = settings.redis_url
+            where = "the embedded Redis" if url is None else f"the Redis at {_address(url)}"
+            raise ConfigurationError(
+                f"{where} has no Functions, which came with Redis 7: nothing to "
+                f"{args.action}. Pods run the scripts there by EVALSHA, which needs nothing "
+                "loaded; to run them by FCALL, point CTXSTORE_REDIS_URL at Redis 7 or later"
+            ) from exc
     print(f"loaded {LIBRARY_NAME} on {', '.join(nodes)}")
     return 0
+
+
+def _unknown_command(exc: StoreError, command: str) -> bool:
+    """True when Redis refused the call for not knowing ``command`` (an older server)."""
+    said = str(exc).lower()
+    return "unknown command" in said and command.lower() in said
 
 
 async def _embedded(settings: Settings, args: argparse.Namespace) -> int:
@@ -516,13 +602,6 @@ _COMMANDS = {
     "sweep": _sweep,
     "view": _view,
 }
-
-_CONNECTING = frozenset(
-    {"forget", "limits", "search", "sessions", "status", "sweep", "view", "worker"}
-    | frozenset(HISTORY_COMMANDS)
-)
-"""Commands that connect to the store's Redis (``functions load`` too)."""
-
 
 if __name__ == "__main__":
     sys.exit(main())

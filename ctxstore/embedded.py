@@ -35,6 +35,7 @@ from pathlib import Path
 from ctxstore.errors import ConfigurationError, StoreUnavailableError
 
 __all__ = [
+    "STARTED",
     "EmbeddedRedis",
     "ServerStartError",
     "redis_server_binary",
@@ -293,8 +294,13 @@ _SOCKET_PATH_MAX = 104 if sys.platform == "darwin" else 108  # sizeof(sockaddr_u
 _NOT_IN_URL = "%?#"  # arq reads a unix:// URL's path as it is: these would not survive
 _SETTING = "CTXSTORE_DATA_DIR"
 
+STARTED = (
+    "ctxstore: no CTXSTORE_REDIS_URL; started the embedded Redis in {directory}. It keeps "
+    "running, and keeping its data, for the next process: `ctxstore embedded stop` stops it"
+)
+"""What the process that starts the user's embedded Redis says on stderr (``directory``: where)."""
+
 _thread_lock = threading.Lock()
-_announced: set[Path] = set()
 
 
 def shared_embedded_url(data_dir: Path | None = None) -> str:
@@ -307,8 +313,10 @@ def shared_embedded_url(data_dir: Path | None = None) -> str:
     (a stale socket) is started again on its data. Starting is serialized by
     a file lock, so processes starting at once start one server; the server
     holds a second lock for as long as it lives, which tells a dead server
-    from a busy one without trusting a pid. The first call in a process says
-    on stderr where the data lives. Stop the server with :func:`stop_embedded`.
+    from a busy one without trusting a pid. The process that starts it says
+    so on stderr, once, with where the data lives and how to stop it (the
+    processes that find it running say nothing). Stop the server with
+    :func:`stop_embedded`.
 
     Args:
         data_dir: The directory (``CTXSTORE_DATA_DIR``); ``None``:
@@ -327,15 +335,9 @@ def shared_embedded_url(data_dir: Path | None = None) -> str:
     with _thread_lock:
         if not _answers(socket_path):
             with _file_lock(directory / _START_LOCK, timeout=2 * _DAEMON_START_TIMEOUT):
-                _start_daemon_unless_running(directory)
-        if directory not in _announced:
-            _announced.add(directory)
-            print(
-                f"ctxstore: no CTXSTORE_REDIS_URL; using the embedded Redis in {directory} "
-                "(data kept across runs)",
-                file=sys.stderr,
-                flush=True,
-            )
+                started = _start_daemon_unless_running(directory)
+            if started:
+                print(STARTED.format(directory=directory), file=sys.stderr, flush=True)
     return f"unix://{socket_path}"
 
 
@@ -410,13 +412,18 @@ def _data_directory(data_dir: Path | None, *, create: bool) -> Path:
     return directory
 
 
-def _start_daemon_unless_running(directory: Path) -> None:
-    """Under the start lock: start the server in ``directory`` unless one runs there."""
+def _start_daemon_unless_running(directory: Path) -> bool:
+    """Under the start lock: start the server in ``directory`` unless one runs there.
+
+    Returns:
+        True if this call started it.
+    """
     if _answers(str(directory / _SOCKET)):
-        return  # another process started it while this one waited for the lock
+        return False  # another process started it while this one waited for the lock
     if _server_alive(directory) and _answers_once_up(directory):
-        return  # it was replaying its append-only file
+        return False  # it was replaying its append-only file
     _launch_daemon(directory)
+    return True
 
 
 def _launch_daemon(directory: Path) -> None:

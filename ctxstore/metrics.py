@@ -522,7 +522,8 @@ def serve(
         from prometheus_client import REGISTRY, start_http_server
     except ImportError as exc:
         raise ConfigurationError(
-            "serving metrics needs prometheus_client: pip install 'ctxstore[metrics]'"
+            "serving metrics needs prometheus_client: pip install '.[metrics]' in a checkout "
+            "of ctxstore"
         ) from exc
     try:
         server, thread = start_http_server(

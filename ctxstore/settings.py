@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ctxstore._layout.keys import validate_id, validate_prefix
 from ctxstore.errors import ConfigurationError
 
-__all__ = ["SentinelAddress", "Settings", "describe_errors", "sentinel_address"]
+__all__ = ["SentinelAddress", "Settings", "check_redis_url", "describe_errors", "sentinel_address"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -42,7 +42,8 @@ class Settings(BaseSettings):
     Attributes:
         redis_url: The store's Redis. ``None``: the embedded Redis, whose
             data lives under ``data_dir``. The store reads RESP2 replies: a
-            ``protocol=`` other than 2 in it is refused.
+            ``protocol=`` other than 2 in it is refused, and so is a URL
+            redis-py would misread (:func:`check_redis_url`).
         data_dir: Where the embedded Redis keeps its data; ``None``: the
             user's data directory (``~/.local/share/ctxstore`` on Linux).
         redis_cluster: ``redis_url`` names a node of a Redis Cluster.
@@ -195,8 +196,9 @@ class Settings(BaseSettings):
         queue_name: The arq queue the summary jobs go to.
         worker_name: This worker's name, in its health-check key; the host
             name by default.
-        session_bytes: Default quota: the most bytes one session's messages
-            may take (``None``: no limit). Tenants may have their own limits
+        session_bytes: Default quota: the most bytes one session may hold:
+            its messages, pinned copies, checkpoints and branches (``None``:
+            no limit). Tenants may have their own limits
             (``ContextStore.set_limits``); these are the defaults.
         session_tokens: Default quota: the most tokens in one session.
         max_sessions: Default quota: the most sessions a tenant may have.
@@ -345,8 +347,11 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        check_redis_url(value)
         # redis-py lets a URL's options override the client's: the store reads RESP2 replies.
-        protocol = parse_qs(urlsplit(value).query).get("protocol") if value else None
+        protocol = parse_qs(urlsplit(value).query).get("protocol")
         if protocol and protocol != ["2"]:
             raise ConfigurationError(
                 "the store speaks RESP2: drop protocol= from the URL (or make it 2)"
@@ -356,14 +361,8 @@ class Settings(BaseSettings):
     @field_validator("queue_url")
     @classmethod
     def _check_queue_url(cls, value: str | None) -> str | None:
-        if (
-            value is not None
-            and sentinel_address(value) is None
-            and urlsplit(value).scheme not in ("redis", "rediss", "unix")
-        ):
-            raise ConfigurationError(
-                "queue_url must be a redis://, rediss://, unix:// or redis+sentinel:// URL"
-            )
+        if value is not None and sentinel_address(value) is None:
+            check_redis_url(value, also="or redis+sentinel://")
         return value
 
     @field_validator("anthropic_api_key", "openai_api_key")
@@ -429,6 +428,71 @@ class Settings(BaseSettings):
             **overrides: Any other field, by name.
         """
         return cls(redis_url=url, **overrides)
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+"""The schemes of a Redis URL (the queue's may also be ``redis+sentinel``)."""
+
+
+def check_redis_url(url: str, *, also: str = "") -> None:
+    """Refuse a Redis URL that redis-py would misread, or refuse with a traceback.
+
+    redis-py reads ``redis:/10.0.0.5:6379/0`` (one slash) as a URL with no
+    host, and connects to localhost; ``unix://run/redis.sock`` as the socket
+    ``/redis.sock``. Each reason names the part to fix, never its value (a
+    URL may carry a password).
+
+    Args:
+        url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
+        also: Other schemes the setting takes, for the message.
+
+    Raises:
+        ConfigurationError: The scheme is not a Redis one; a ``redis://`` URL
+            names no host, its port or database is not a number; a
+            ``unix://`` URL names no socket path, or a host.
+    """
+    schemes = f"a redis://, rediss:// or unix:// URL{' ' + also if also else ''}"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # a bracketed host that is no IPv6 address
+        raise ConfigurationError(f"is not a valid URL: {exc}") from None
+    if parts.scheme not in REDIS_SCHEMES:
+        given = f"{parts.scheme}://" if parts.scheme else "a URL without a scheme"
+        raise ConfigurationError(f"must be {schemes}, not {given}")
+    if parts.scheme == "unix":
+        if parts.hostname:
+            raise ConfigurationError(
+                "is not a valid URL: a unix:// URL has no host, and its socket's path "
+                "follows three slashes (unix:///run/redis.sock)"
+            )
+        if parts.path in ("", "/"):
+            raise ConfigurationError(
+                "is not a valid URL: it names no socket path (unix:///run/redis.sock)"
+            )
+    else:
+        if not parts.hostname:
+            raise ConfigurationError(
+                f"is not a valid URL: it names no host ({parts.scheme}://HOST:PORT/DB, "
+                "two slashes after the scheme)"
+            )
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ConfigurationError(
+                "is not a valid URL: its port must be a number from 1 to 65535 "
+                f"({parts.scheme}://host:6379/0)"
+            )
+        database = parts.path.removeprefix("/")
+        if database and not (database.isdigit() and database.isascii()):
+            raise ConfigurationError(
+                "is not a valid URL: the database, after the host and a slash, must be a "
+                f"number ({parts.scheme}://host:6379/0)"
+            )
+    for database in parse_qs(parts.query).get("db", []):
+        if not (database.isdigit() and database.isascii()):
+            raise ConfigurationError("is not a valid URL: its db= must be a number")
 
 
 def describe_errors(exc: ValidationError) -> str:

@@ -152,7 +152,9 @@ def parser() -> argparse.ArgumentParser:
         epilog=(
             "Settings come from CTXSTORE_* variables (CTXSTORE_REDIS_URL: the store's Redis; "
             "unset: the embedded one).\nRun `ctxstore COMMAND --help` for a command's flags "
-            "and examples."
+            "and examples.\nExit status, for every command: 0 done; 1 what it names is not "
+            "there, or did not happen;\n2 it could not run (fix the command, a setting or "
+            "the server)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -235,7 +237,8 @@ def _worker_parser(commands: Any) -> None:
     worker.add_argument(
         "--check",
         action="store_true",
-        help="exit 0 if this worker's health-check key (refreshed every 10 s) exists; 1 if not",
+        help="exit 0 if this worker's health-check key (refreshed every 10 s) exists, 1 if "
+        "not, 2 if its Redis cannot be reached",
     )
     worker.add_argument(
         "--metrics-port",
@@ -442,11 +445,14 @@ def _acl_parser(commands: Any) -> None:
         "ctxstore-pod (agent\npods), ctxstore-worker (workers), one ctxstore-t-<tenant> per "
         "--tenant, and with --admin and\n--probe a complete file for `aclfile`. Run it with "
         "the CTXSTORE_KEY_PREFIX and\nCTXSTORE_QUEUE_NAME of the deployment: the key "
-        "patterns come from them. Both files are\nwritten owner-only (0600).",
+        "patterns come from them. Both files are\nwritten owner-only (0600). Run again, it "
+        "keeps the passwords the credentials file holds\n(new users get new ones); --rotate "
+        "makes every password new.",
         [
             "ctxstore acl --out users.acl --credentials creds.json --tenant acme",
             "ctxstore acl --out users.acl --credentials creds.json --admin admin "
             "--probe ctxstore-probe",
+            "ctxstore acl --out users.acl --credentials creds.json --rotate",
         ],
     )
     acl.add_argument(
@@ -459,7 +465,13 @@ def _acl_parser(commands: Any) -> None:
         "--credentials",
         required=True,
         metavar="FILE",
-        help="where to write every user's password, as JSON {user: password} (e.g. creds.json)",
+        help="where to write every user's password, as JSON {user: password} (e.g. creds.json); "
+        "the passwords it already holds are kept",
+    )
+    acl.add_argument(
+        "--rotate",
+        action="store_true",
+        help="make a new password for every user, whatever the credentials file holds",
     )
     acl.add_argument(
         "--tenant",

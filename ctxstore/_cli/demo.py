@@ -25,10 +25,12 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import random
+import shutil
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxstore._layout.formats import call_ids, result_ids
@@ -447,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     context = multiprocessing.get_context("spawn")
     worker: BaseProcess | None = None
     if importlib.util.find_spec("arq") is None:
-        print("no summary worker: arq is not installed (pip install 'ctxstore[worker]')")
+        print("no summary worker: arq is not installed (pip install '.[worker]' in the checkout)")
     else:
         worker = context.Process(target=_worker_process)
         worker.start()
@@ -494,8 +496,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         flagged = ", ".join(info.session for info in outcome.pending)
         print(f"FAILED: summary jobs still flagged ({why}): {flagged}")
-    print(f"Look again: ctxstore sessions --tenant {tenant}")
+    print(f"Look again: {look_again(tenant)}")
     return 0 if ok and not outcome.pending else 1
+
+
+def look_again(tenant: str, *, path: str | None = None) -> str:
+    """The command that lists the demo's sessions, as it runs from here.
+
+    ``make demo`` runs ``.venv/bin/ctxstore``, which is on no ``PATH`` until
+    the virtualenv is activated: the bare name is given only where it finds
+    this very script (``path``: the ``PATH`` to search; the process's own by
+    default).
+    """
+    script = Path(sys.executable).with_name("ctxstore")  # beside the interpreter, unresolved
+    found = shutil.which("ctxstore", path=path)
+    command = f"sessions --tenant {tenant}"
+    if not script.is_file() or (found is not None and os.path.samefile(found, script)):
+        return f"ctxstore {command}"
+    activate = script.with_name("activate")
+    if not activate.is_file():
+        return f"{_from_here(script)} {command}"
+    return (
+        f"{_from_here(script)} {command} (or `source {_from_here(activate)}` first: "
+        "then `ctxstore` is on your PATH)"
+    )
+
+
+def _from_here(file: Path) -> str:
+    """``file`` relative to the working directory when it is under it, else absolute."""
+    try:
+        return str(file.relative_to(Path.cwd()))
+    except ValueError:
+        return str(file)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
     from ctxstore.settings import Settings
@@ -154,7 +155,8 @@ def parsers(commands: Any, command: Callable[..., argparse.ArgumentParser], comm
         "compact",
         "queue a summary of a session now, and wait for a worker to write it",
         "Queues the session's summary whether or not one is due, then waits (with progress) "
-        "for a\nworker (`ctxstore worker`) to commit it: exit 0 when it did, 1 after --timeout.",
+        "for a\nworker (`ctxstore worker`) to commit it: exit 0 when it did (or found nothing "
+        "to summarize),\n1 when the job failed or --timeout passed.",
         ["ctxstore compact conv-42", "ctxstore compact conv-42 --timeout 120 --json"],
     )
     compact.add_argument("session", help="the session id (e.g. conv-42)")
@@ -296,10 +298,10 @@ async def _export(settings: Settings, args: argparse.Namespace) -> int:
         sessions = [info.session for info in infos]
         total = sum(info.count for info in infos)
         messages = 0
-        with _output(args.out) as out, progress("exporting", total) as advance:
+        with _output(args.out) as write, progress("exporting", total) as advance:
             for session in sessions:
                 async for line in store.export_session(session, clear=args.clear):
-                    out.write(line + "\n")
+                    write(line + "\n")
                     if line.startswith('{"ctxstore":"message"'):
                         messages += 1
                         advance(1)
@@ -335,13 +337,63 @@ async def _counts(
 
 
 @contextmanager
-def _output(path: str | None) -> Iterator[TextIO]:
-    """The file to write (created or truncated), or stdout."""
+def _output(path: str | None) -> Iterator[Callable[[str], object]]:
+    """Writes text to the file (created or truncated, mode 0600), or to stdout, as UTF-8.
+
+    An export holds what the sessions hold: only the user who wrote it may read it.
+    An existing file is set to that mode before anything is written. The lines are
+    UTF-8 whatever the terminal's encoding (an export's format says so).
+
+    Raises:
+        InvalidInputError: The file cannot be created or written (a closed stdout
+            is a BrokenPipeError, which ends the command quietly).
+    """
+    from ctxstore.errors import InvalidInputError
+
+    where = path or "stdout"
+
+    def failed(exc: OSError) -> InvalidInputError:
+        return InvalidInputError(f"cannot write {where}: {exc.strerror or exc}")
+
     if path is None:
-        yield sys.stdout
-        return
-    with open(path, "w", encoding="utf-8") as out:
-        yield out
+        sys.stdout.flush()
+        stream = getattr(sys.stdout, "buffer", None)  # None: a stdout with no bytes under it
+    else:
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as exc:
+            raise failed(exc) from exc
+        try:
+            if stat.S_ISREG(os.fstat(descriptor).st_mode):  # not a terminal's, a pipe's
+                os.fchmod(descriptor, 0o600)  # an existing file keeps its mode otherwise
+        except OSError as exc:
+            os.close(descriptor)
+            raise failed(exc) from exc
+        stream = os.fdopen(descriptor, "wb")
+
+    def write(text: str) -> None:
+        try:
+            if stream is None:
+                sys.stdout.write(text)
+            else:
+                stream.write(text.encode())
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise failed(exc) from exc
+
+    try:
+        yield write
+        try:
+            (sys.stdout if stream is None else stream).flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise failed(exc) from exc
+    finally:
+        if path is not None and stream is not None:
+            with suppress(OSError):  # what it could not write is reported above
+                stream.close()
 
 
 async def _import(settings: Settings, args: argparse.Namespace) -> int:
@@ -351,8 +403,10 @@ async def _import(settings: Settings, args: argparse.Namespace) -> int:
 
         def lines() -> Iterator[str]:
             for line in source:
-                advance(len(line.encode()))
-                yield line
+                advance(len(line))
+                # Bytes that are not UTF-8 become lone surrogates, which the import
+                # refuses naming the line (a decode error here could name none).
+                yield line.decode("utf-8", "surrogateescape")
 
         async with _store(settings, args.tenant) as store:
             results = await store.import_sessions(lines(), session=args.session)
@@ -369,23 +423,35 @@ async def _import(settings: Settings, args: argparse.Namespace) -> int:
 
 
 @contextmanager
-def _input(path: str) -> Iterator[tuple[TextIO, int]]:
-    """The file to read and its size in bytes (stdin for ``-``, of unknown size: 0).
+def _input(path: str) -> Iterator[tuple[Iterator[bytes], int]]:
+    """The file's lines, as bytes, and its size (stdin for ``-``, of unknown size: 0).
 
     Raises:
-        InvalidInputError: It cannot be opened.
+        InvalidInputError: It cannot be opened or read.
     """
+    from ctxstore.errors import InvalidInputError
+
+    where = "stdin" if path == "-" else path
+
+    def read(source: BinaryIO) -> Iterator[bytes]:
+        try:
+            yield from source
+        except OSError as exc:
+            raise InvalidInputError(f"cannot read {where}: {exc.strerror or exc}") from exc
+
     if path == "-":
-        yield sys.stdin, 0
+        stdin = getattr(sys.stdin, "buffer", None)
+        if stdin is None:  # closed (`<&-`), or text with no bytes under it
+            raise InvalidInputError("cannot read stdin: it is closed")
+        yield read(stdin), 0
         return
     try:
-        source = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+        source = open(path, "rb")  # noqa: SIM115 - closed below
+        size = os.fstat(source.fileno()).st_size
     except OSError as exc:
-        from ctxstore.errors import InvalidInputError
-
         raise InvalidInputError(f"cannot read {path}: {exc.strerror}") from exc
     with source:
-        yield source, os.fstat(source.fileno()).st_size
+        yield read(source), size
 
 
 async def _compact(settings: Settings, args: argparse.Namespace) -> int:
@@ -412,12 +478,12 @@ async def _compact(settings: Settings, args: argparse.Namespace) -> int:
                     shown.update(f"summary of {args.session!r}: {state}")
                     await asyncio.sleep(0.2)  # the worker's progress: polled, nothing waits on it
                 else:
-                    print(
-                        f"ctxstore: no worker wrote the summary of {args.session!r} within "
-                        f"{args.timeout:g} s (is `ctxstore worker` running?); it stays queued",
-                        file=sys.stderr,
+                    from ctxstore.errors import CtxstoreError
+
+                    raise CtxstoreError(
+                        f"no worker wrote the summary of {args.session!r} within "
+                        f"{args.timeout:g} s (is `ctxstore worker` running?); it stays queued"
                     )
-                    return 1
         finally:
             await queue.aclose()
         tenant = store.tenant
@@ -437,6 +503,15 @@ async def _compact(settings: Settings, args: argparse.Namespace) -> int:
                 "tokens_unsummarized": info.tokens_unsummarized,
                 "seconds": seconds,
             }
+        )
+    elif outcome == "idle":  # the worker found nothing older than what a summary leaves raw
+        print(
+            f"nothing to summarize in session {args.session!r} ({info.tokens:,} tokens, "
+            f"{info.tokens - info.tokens_unsummarized:,} summarized): a summary leaves the "
+            f"newest up to {settings.summary_keep_tokens:,} tokens raw "
+            "(CTXSTORE_SUMMARY_KEEP_TOKENS) and covers what is older; one is due on its own "
+            f"{settings.summary_trigger_tokens:,} tokens past the last "
+            "(CTXSTORE_SUMMARY_TRIGGER_TOKENS)"
         )
     else:
         print(

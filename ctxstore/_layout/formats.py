@@ -29,6 +29,7 @@ from typing import Any, Protocol
 __all__ = [
     "CALL_ITEMS",
     "REASONING",
+    "REASONING_TIE",
     "RESULT_ITEMS",
     "Exchange",
     "call_ids",
@@ -67,6 +68,9 @@ RESULT_ITEMS = frozenset(f"{kind}_output" for kind in CALL_ITEMS)
 APPROVAL_REQUEST, APPROVAL_RESPONSE = "mcp_approval_request", "mcp_approval_response"
 REASONING = "reasoning"
 """A Responses reasoning item: it must be sent with the item that follows it."""
+REASONING_TIE = "~reasoning:"
+"""The prefix of the id a reasoning item "calls" and the item after it "answers" (an
+exchange of their own, so that nothing cuts between them: ``ctxstore._plan.pairs.bind_ties``)."""
 
 
 def item_type(message: dict[str, Any]) -> str | None:

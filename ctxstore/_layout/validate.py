@@ -79,7 +79,11 @@ def check_seconds(value: object, name: str, *, low: float, high: float) -> float
 
 
 def check_entry_id(entry_id: object, session: str | None = None) -> str:
-    """Return ``entry_id`` if it has the form of a stream entry id (``ms-seq``).
+    """Return ``entry_id`` if it is a stream entry id as Redis spells it (``ms-seq``).
+
+    Each part is an unsigned 64-bit number with no leading zero: Redis reads
+    ``0001-0`` as ``1-0``, and an id kept under two spellings (a pin's copy, a
+    checkpoint) would name one entry twice.
 
     Raises:
         InvalidInputError: It is not a string of that form.
@@ -98,7 +102,7 @@ def check_entry_id(entry_id: object, session: str | None = None) -> str:
     return entry_id
 
 
-_DIGITS = re.compile(r"[0-9]{1,20}")
+_DIGITS = re.compile(r"0|[1-9][0-9]{0,19}")
 _U64 = 2**64 - 1
 """Each part of a stream entry id is an unsigned 64-bit number, in ASCII digits."""
 

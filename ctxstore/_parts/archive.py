@@ -10,21 +10,24 @@ what it is::
     {"ctxstore": "checkpoint", "id": "cp-2", "entry_id": ..., "count": ..., "summary": {...}}
     {"ctxstore": "end", "session": ..., "count": ..., "digest": ...}
 
+(:mod:`ctxstore._layout.archive` holds every line's schema.)
+
 Messages keep their entry ids (pins and checkpoints name them), a ``pinned``
 flag, and the call ids that tie a reasoning item to the item after it. An
 export is written a page at a time (:meth:`Archive.export`): its memory does
-not grow with the history. A sealed message is exported as stored (with the
-session its seal is bound to) unless the caller has the key and asks for it
-in clear; it imports only where that key is in the keyring, and is sealed
-again for the session it goes to.
+not grow with the history. A sealed value (a message, a summary's text, a
+checkpoint's name) is exported as stored (with the session its seal is bound
+to) unless the caller has the key and asks for it in clear; it imports only
+into the tenant that sealed it, where that key is in the keyring, and is
+sealed again for the session it goes to.
 
-An import (:meth:`Archive.load`) checks every line of a session and stages
-its messages, a batch at a time, in keys of that session's slot that nothing
-reads; the session appears only at its ``end`` line, in one step
-(``import_commit.lua``). A malformed line is refused with its number, and
-nothing of that session is written. The session's digest is recorded with
-it: importing the same file again changes nothing, and an import never
-writes over a session that exists.
+An import (:meth:`Archive.load`) parses every line of a session against one
+strict schema before anything of it is staged, and stages its messages, a
+batch at a time, in keys of that session's slot that nothing reads; the
+session appears only at its ``end`` line, in one step (``import_commit.lua``).
+A malformed line is refused with its number, and nothing of that session is
+written. The session's digest is recorded with it: importing the same file
+again changes nothing, and an import never writes over a session that exists.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import json
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any
 
-from ctxstore._layout import keys as _keys
+from ctxstore._layout.archive import FORMAT_VERSION, EndLine, SessionLine, parse_line
 from ctxstore._layout.chain import row_fields
 from ctxstore._layout.codec import (
     SUMMARY_COPY,
@@ -46,11 +49,11 @@ from ctxstore._layout.codec import (
     raw_pairs,
     text,
 )
-from ctxstore._layout.formats import entry_order
-from ctxstore._parts.checkpoints import Checkpoints
+from ctxstore._layout.formats import REASONING_TIE, entry_order
+from ctxstore._parts.checkpoints import Checkpoints, sealed_name
 from ctxstore._parts.reads import Reader
 from ctxstore._parts.scope import Scope
-from ctxstore._parts.staging import REASONING_TIE, StagedSession
+from ctxstore._parts.staging import StagedSession
 from ctxstore._parts.writes import Writer
 from ctxstore._tenant.quotas import Quotas
 from ctxstore.encryption import MAGIC
@@ -64,9 +67,6 @@ from ctxstore.errors import (
 from ctxstore.models import ImportResult
 
 __all__ = ["FORMAT_VERSION", "Archive"]
-
-FORMAT_VERSION = 1
-"""The version of the lines written; an import refuses a newer one."""
 
 
 class Archive:
@@ -174,7 +174,7 @@ class Archive:
         if covers:
             summary = dict(zip(SUMMARY_COPY, view, strict=True))
             yield line(self._summary(session, covers, int(wm_tokens or 0), summary, clear))
-        for point in await self._checkpoints.read(session):
+        for point in await self._checkpoints.read(session, opened=False):
             if point.branch is None:  # those on branches point outside the history
                 yield line(await self._checkpoint(session, point, clear))
         yield line(
@@ -264,10 +264,18 @@ class Archive:
                 "model": text(fields.get("model") or b""),
                 **self._summary_texts(session, fields, clear),
             }
+        name: dict[str, Any] = {"name": point.name}
+        sealed = sealed_name(point.name or "")
+        if sealed is not None:
+            name = (
+                {"name": self._scope.codec.open(session, base64.b64decode(sealed)).decode()}
+                if clear
+                else {"name_sealed": sealed, "aad": session}
+            )
         return {
             "ctxstore": "checkpoint",
             "id": point.checkpoint_id,
-            "name": point.name,
+            **name,
             "entry_id": point.entry_id,
             "seq": point.seq,
             "epoch": point.epoch,
@@ -297,9 +305,8 @@ class Archive:
                 number += 1
                 if not raw.strip():
                     continue
-                record = _parse(number, raw)
-                kind = record.get("ctxstore")
-                if kind == "session":
+                line, encoded = parse_line(number, raw)
+                if isinstance(line, SessionLine):
                     if current is not None:
                         raise MalformedArchiveError(
                             number, f"session {current.source} has no end line before this one"
@@ -308,15 +315,15 @@ class Archive:
                         raise MalformedArchiveError(
                             number, "the session to import into is named, and the input holds more"
                         )
-                    current = await self._begin(number, record, session)
+                    current = await self._begin(number, line, session)
                 elif current is None:
                     raise MalformedArchiveError(number, "a line before any session line")
-                elif kind == "end":
+                elif isinstance(line, EndLine):
                     finishing, current = current, None  # it drops its staging if refused
-                    results.append(await finishing.finish(number, record))
+                    results.append(await finishing.finish(number, line))
                 else:
-                    await current.add(number, kind, record)
-                    if progress is not None and kind == "message":
+                    await current.add(number, line, encoded)
+                    if progress is not None and line.ctxstore == "message":
                         progress(1)
             if current is not None:
                 raise MalformedArchiveError(number, f"session {current.source} has no end line")
@@ -328,35 +335,14 @@ class Archive:
             raise
         return results
 
-    async def _begin(self, number: int, record: dict[str, Any], into: str | None) -> StagedSession:
-        version = record.get("version")
-        if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
-            raise MalformedArchiveError(number, f"format version {version!r} is not one of 1")
-        source = record.get("session")
-        tenant = record.get("tenant")
+    async def _begin(self, number: int, line: SessionLine, into: str | None) -> StagedSession:
+        target = into or line.session
         try:
-            _keys.validate_id(tenant, "tenant")
-            _keys.validate_id(source, "session")
-            target = into or _keys.validate_id(source, "session")
-            self._scope.keys(target)
+            self._scope.keys(target)  # its keys must fit the tenant's too
         except InvalidIdError as exc:
             raise MalformedArchiveError(number, str(exc)) from exc
-        assert isinstance(source, str)
-        assert isinstance(tenant, str)
         limits = await self._quotas.resolved(target)
-        return StagedSession(self._scope, self._writer, tenant, source, target, limits)
-
-
-def _parse(number: int, raw: str) -> dict[str, Any]:
-    try:
-        record = json.loads(raw)
-    except ValueError as exc:
-        raise MalformedArchiveError(number, f"not JSON: {exc}") from None
-    except RecursionError:
-        raise MalformedArchiveError(number, "nested too deep to be a line of an export") from None
-    if not isinstance(record, dict):
-        raise MalformedArchiveError(number, "not a JSON object")
-    return record
+        return StagedSession(self._scope, self._writer, line.tenant, line.session, target, limits)
 
 
 async def _lines(source: AsyncIterable[str] | Iterable[str]) -> AsyncIterator[str]:

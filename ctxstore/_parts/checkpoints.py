@@ -12,15 +12,20 @@ and their summaries against the session's bytes; they expire with the
 session, go with ``delete`` and ``forget_tenant``, and with the history
 they point into when a ``replace`` or ``clear`` supersedes it. One whose entry
 a rewind abandoned names that branch (``Checkpoint.branch``).
+
+A checkpoint's name is content (people write what they were doing in it): with
+encryption on it is sealed for the session like the messages are, and stored
+as :data:`SEALED_NAME` and the sealed value's base64 (:func:`stored_name`).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 from typing import Any
 
-from ctxstore._layout.codec import Reply, raw_pairs, text
+from ctxstore._layout.codec import Codec, Reply, raw_pairs, text
 from ctxstore._layout.validate import check_entry_id, check_label, check_numbered_id
 from ctxstore._parts.scope import Scope
 from ctxstore._redis.scripts import SCRIPTS
@@ -29,7 +34,23 @@ from ctxstore.errors import CorruptEntryError, EntryNotFoundError, SessionNotFou
 from ctxstore.lease import clock_arg
 from ctxstore.models import Checkpoint
 
-__all__ = ["Checkpoints", "checkpoint_id"]
+__all__ = ["SEALED_NAME", "Checkpoints", "checkpoint_id", "sealed_name", "stored_name"]
+
+SEALED_NAME = "\x00"
+"""A stored name that starts with it is sealed (its base64 follows): a given name is
+printable, so it never does."""
+
+
+def stored_name(codec: Codec, session: str, name: str | None) -> str:
+    """A checkpoint's name as it is stored: sealed when encryption is on ('' for none)."""
+    if not name or codec.keyring is None:
+        return name or ""
+    return SEALED_NAME + base64.b64encode(codec.seal(session, name.encode())).decode()
+
+
+def sealed_name(stored: str) -> str | None:
+    """The base64 of a stored name's sealed value, or ``None`` when it is stored in clear."""
+    return stored.removeprefix(SEALED_NAME) if stored.startswith(SEALED_NAME) else None
 
 
 def checkpoint_id(value: object, session: str | None = None) -> str:
@@ -59,6 +80,7 @@ class Checkpoints:
         if name is not None:
             check_label(name, "a checkpoint's name", session=session)
         limits = await self._quotas.resolved(session)
+        stored = stored_name(self._scope.codec, session, name)
         reply = await self._scope.connection.script(
             SCRIPTS.checkpoint,
             (
@@ -71,7 +93,7 @@ class Checkpoints:
             ),
             (
                 secrets.token_urlsafe(9),  # this call's id: a retry gets the same checkpoint
-                name or "",
+                stored,
                 limits.checkpoints,
                 limits.session_bytes,
                 limits.appends_per_second,
@@ -93,17 +115,23 @@ class Checkpoints:
             )
         return self._parse(session, text(reply[1]), reply[2])
 
-    async def read(self, session: str) -> list[Checkpoint]:
-        """The session's checkpoints, oldest first (see ``ContextStore.checkpoints``)."""
+    async def read(self, session: str, *, opened: bool = True) -> list[Checkpoint]:
+        """The session's checkpoints, oldest first (see ``ContextStore.checkpoints``).
+
+        Args:
+            session: The session.
+            opened: Open sealed names; with False each ``name`` is as stored
+                (an export writes a sealed one as it is).
+        """
         keys = self._scope.keys(session)
         (raw,) = await self._scope.connection.transaction(
             [("HGETALL", keys.checkpoints)], session=session, key=keys.checkpoints
         )
-        found = [self._parse(session, text(k), v) for k, v in raw_pairs(raw)]
+        found = [self._parse(session, text(k), v, opened=opened) for k, v in raw_pairs(raw)]
         return sorted(found, key=lambda c: int(c.checkpoint_id[3:]))
 
-    async def get(self, session: str, checkpoint: str) -> Checkpoint:
-        """One checkpoint by id.
+    async def get(self, session: str, checkpoint: str, *, opened: bool = True) -> Checkpoint:
+        """One checkpoint by id (its name as stored unless ``opened``).
 
         Raises:
             EntryNotFoundError: The session has no such checkpoint.
@@ -111,7 +139,7 @@ class Checkpoints:
         keys = self._scope.keys(session)
         checkpoint_id(checkpoint, session)
         raw = await self._scope.named(session, keys.checkpoints, checkpoint, "checkpoint")
-        return self._parse(session, checkpoint, raw)
+        return self._parse(session, checkpoint, raw, opened=opened)
 
     async def resolve(self, session: str, to: object) -> tuple[str, Checkpoint | None]:
         """The entry a rewind or a fork goes to, and the checkpoint it was named by (if one).
@@ -127,7 +155,7 @@ class Checkpoints:
             to = given.checkpoint_id
         if not (isinstance(to, str) and to.startswith("cp-")):
             return check_entry_id(to, session), None
-        point = await self.get(session, to)
+        point = await self.get(session, to, opened=False)  # its name plays no part
         if given is not None and (point.entry_id, point.created_ms) != (
             given.entry_id,
             given.created_ms,
@@ -159,14 +187,19 @@ class Checkpoints:
         )
         return int(found) == 1
 
-    def _parse(self, session: str, checkpoint: str, raw: Any) -> Checkpoint:
+    def _parse(self, session: str, checkpoint: str, raw: Any, *, opened: bool = True) -> Checkpoint:
         """A checkpoint from its record (``checkpoint.lua``'s JSON).
 
         Raises:
             CorruptEntryError: The record is not one.
+            DecryptionError: Its name is sealed and does not open here (``opened``).
         """
         try:
             record = json.loads(raw)
+            name = str(record["name"])
+            sealed = sealed_name(name)
+            if opened and sealed is not None:
+                name = self._scope.codec.open(session, base64.b64decode(sealed)).decode()
             return Checkpoint(
                 checkpoint_id=checkpoint,
                 entry_id=str(record["entry_id"]),
@@ -175,12 +208,12 @@ class Checkpoints:
                 count=int(record["count"]),
                 tokens=int(record["tokens"]),
                 created_ms=int(record["made"]),
-                name=str(record["name"]) or None,
+                name=name or None,
                 summary_covers=str(record["covers"]) or None,
                 branch=str(record["branch"]) or None,
                 covered_tokens=int(record["wm_tokens"]),
             )
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError) as exc:  # binascii's and UTF-8's errors too
             raise CorruptEntryError(
                 f"checkpoint {checkpoint} cannot be read: {exc}",
                 tenant=self._scope.tenant,

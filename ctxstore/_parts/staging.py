@@ -1,11 +1,14 @@
 """An import's staging: one session checked and staged line by line, written at its end.
 
 :class:`StagedSession` takes the lines of one session of an export
-(:mod:`ctxstore._parts.archive`) as they come: each is checked (and a sealed value
-opened, then sealed again for its new home), messages are staged a batch at
-a time (``import_stage.lua``) in keys of the target's slot that nothing
-reads, and the session appears whole at the end line (``import_commit.lua``).
-A refused line drops what was staged: nothing of the session is written.
+(:mod:`ctxstore._parts.archive`) as they come, each already checked by the
+archive's schema (:mod:`ctxstore._layout.archive`). Here each is checked
+against what came before it and against the store (a sealed value is opened,
+for this tenant only, then sealed again for its new session); messages are
+staged a batch at a time (``import_stage.lua``) in keys of the target's slot
+that nothing reads, and the session appears whole at the end line
+(``import_commit.lua``). A refused line drops what was staged: nothing of the
+session is written.
 """
 
 from __future__ import annotations
@@ -18,15 +21,25 @@ import secrets
 from typing import Any
 
 from ctxstore._layout import keys as _keys
+from ctxstore._layout.archive import (
+    CheckpointLine,
+    EndLine,
+    Line,
+    MessageLine,
+    SummaryBody,
+    SummaryLine,
+    load_json,
+)
 from ctxstore._layout.codec import Reply, summary_message, text
 from ctxstore._layout.formats import entry_order
-from ctxstore._layout.validate import check_entry_id
-from ctxstore._parts.checkpoints import checkpoint_id
+from ctxstore._layout.validate import check_label
+from ctxstore._parts.checkpoints import stored_name
 from ctxstore._parts.scope import Scope
 from ctxstore._parts.writes import Writer
 from ctxstore._redis.connection import Commands
 from ctxstore._redis.scripts import SCRIPTS
 from ctxstore._tenant.quotas import Limits, quota_error
+from ctxstore.encryption import MAGIC
 from ctxstore.errors import (
     DecryptionError,
     InvalidInputError,
@@ -39,7 +52,7 @@ from ctxstore.lease import clock_arg
 from ctxstore.models import ImportResult
 from ctxstore.tokens import count_message
 
-__all__ = ["REASONING_TIE", "StagedSession"]
+__all__ = ["StagedSession"]
 
 STAGE_BATCH = 500
 """Messages an import stages per round trip, at most."""
@@ -47,10 +60,6 @@ STAGE_BYTES = 1 << 20
 """Bytes of messages an import stages per round trip, at most (a batch ends at either)."""
 STAGE_MS = 3_600_000
 """How long an import's staged batches last if it dies before its end line."""
-REASONING_TIE = "~reasoning:"
-_NO_STREAM_ID = ((0, 0), (2**64 - 1, 2**64 - 1))
-"""Ids an import refuses: Redis takes no ``0-0``, and after the last one no append fits."""
-"""The prefix of the ids that tie a reasoning item to the item after it (writes.py)."""
 
 
 class StagedSession:
@@ -59,7 +68,7 @@ class StagedSession:
     Args:
         scope: The tenant's scope (it is imported into this tenant).
         writer: Validates and serializes messages, and lists the session.
-        tenant: The tenant it was exported from (its sealed values are bound to it).
+        tenant: The tenant it was exported from (its sealed values open only for it).
         source: The session it was exported from.
         target: The session it is imported as.
         limits: The tenant's limits.
@@ -97,45 +106,39 @@ class StagedSession:
         self.points: list[tuple[int, str, str, dict[str, Any], list[Any]]] = []
         self.staged = False
 
-    async def add(self, number: int, kind: Any, record: dict[str, Any]) -> None:
-        """Check one line and take it in (messages are staged a batch at a time)."""
-        self.digest.update(
-            json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-        )
-        if kind == "message":
-            await self._message(number, record)
-        elif kind == "summary":
-            self._summary(number, record)
-        elif kind == "checkpoint":
-            self._checkpoint(number, record)
-        else:
-            raise MalformedArchiveError(number, f"unknown line kind {kind!r}")
+    async def add(self, number: int, line: Line, encoded: bytes) -> None:
+        """Take in one line, checked by the schema (messages are staged a batch at a time).
 
-    async def _message(self, number: int, record: dict[str, Any]) -> None:
-        entry_id = self._entry_id(number, record.get("id"))
-        if entry_order(entry_id) in _NO_STREAM_ID:
-            raise MalformedArchiveError(number, f"entry {entry_id} cannot be a stream entry's id")
+        Args:
+            number: The line's number in the input.
+            line: The line, as the schema read it.
+            encoded: Its JSON in the digest's form (the session's digest is theirs).
+        """
+        self.digest.update(encoded + b"\n")
+        if isinstance(line, MessageLine):
+            await self._message(number, line)
+        elif isinstance(line, SummaryLine):
+            self._summary(number, line)
+        elif isinstance(line, CheckpointLine):
+            self._checkpoint(number, line)
+        else:
+            raise MalformedArchiveError(number, f"a {line.ctxstore} line inside a session")
+
+    async def _message(self, number: int, line: MessageLine) -> None:
+        entry_id = line.id
         if self.last and entry_order(entry_id) <= entry_order(self.last):
             raise MalformedArchiveError(number, f"entry {entry_id} does not follow {self.last}")
-        message = self._open_message(number, record)
-        ties, tied = record.get("ties", []), record.get("tied", [])
-        if (
-            not _strings(ties)
-            or not _strings(tied)
-            or not all(t.startswith(REASONING_TIE) for t in (*ties, *tied))
-        ):
-            raise MalformedArchiveError(number, "ties and tied must be lists of reasoning ids")
-        pinned = record.get("pinned", False)
-        if not isinstance(pinned, bool):
-            raise MalformedArchiveError(number, "pinned must be true or false")
+        message = line.message
+        if message is None:
+            message = self._json(number, self._sealed(number, line.sealed, line.aad))
         try:
             entry = self.writer.entry(
                 self.target,
                 message,
                 self.limits,
-                pinned=pinned,
-                calls=tuple(ties),
-                results=tuple(tied),
+                pinned=line.pinned,
+                calls=tuple(line.ties),
+                results=tuple(line.tied),
             )
         except InvalidInputError as exc:
             raise MalformedArchiveError(number, exc.reason) from exc
@@ -152,41 +155,59 @@ class StagedSession:
         if len(self.batch) >= STAGE_BATCH * 10 or self.pending >= STAGE_BYTES:
             await self._flush()
 
-    def _open_message(self, number: int, record: dict[str, Any]) -> Any:
-        if "message" in record:
-            return record["message"]
-        sealed = self._sealed(number, record, "sealed")
+    @staticmethod
+    def _json(number: int, value: bytes) -> Any:
+        """A sealed message, opened: UTF-8 JSON, held to what a line's own is."""
         try:
-            return json.loads(sealed)
-        except ValueError as exc:
-            raise MalformedArchiveError(number, "a sealed message is not JSON") from exc
+            return load_json(value.decode())[0]
+        except (ValueError, RecursionError) as exc:  # UTF-8's errors are ValueErrors too
+            raise MalformedArchiveError(number, "a sealed message is not UTF-8 JSON") from exc
 
-    def _sealed(self, number: int, record: dict[str, Any], name: str) -> bytes:
-        """A sealed value of the line, opened with the keyring (it must hold its key)."""
-        value, aad = record.get(name), record.get("aad")
-        if not isinstance(value, str) or not isinstance(aad, str):
-            raise MalformedArchiveError(number, f"a line needs {name} and aad strings")
-        keyring = self.scope.codec.keyring
-        if keyring is None:
+    def _sealed(self, number: int, value: str | None, aad: str | None) -> bytes:
+        """A sealed value of the line, opened for this tenant (its keyring must hold the key).
+
+        A sealed value opens only for the tenant that sealed it: its key is that
+        tenant's own, and the tenant is bound into its associated data. It is
+        opened as this store's tenant, whatever the session line says.
+        """
+        if value is None or aad is None:  # the schema pairs them: not reached
+            raise MalformedArchiveError(number, "a sealed value needs its aad")
+        if self.tenant != self.scope.tenant:
+            raise MalformedArchiveError(
+                number,
+                f"the value is sealed for tenant {self.tenant!r} and opens only for it: "
+                "export it in clear (clear=True, with the key) to import it elsewhere",
+            )
+        if self.scope.codec.keyring is None:
             raise MalformedArchiveError(
                 number, "the value is sealed and this store has no encryption key"
             )
         try:
-            return keyring.open(self.tenant, aad, base64.b64decode(value, validate=True))
-        except (binascii.Error, ValueError, DecryptionError) as exc:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise MalformedArchiveError(number, f"a sealed value is not base64: {exc}") from exc
+        if not raw.startswith(MAGIC):
+            raise MalformedArchiveError(number, "a sealed value is not one the store sealed")
+        try:
+            return self.scope.codec.open(aad, raw)
+        except DecryptionError as exc:
             raise MalformedArchiveError(number, f"a sealed value does not open: {exc}") from exc
 
-    def _texts(self, number: int, record: dict[str, Any]) -> dict[str, str]:
+    def _text(self, number: int, name: str, value: str, sealed: bool, aad: str | None) -> str:
+        """One of a summary's texts (or a checkpoint's name), in clear."""
+        if not sealed:
+            return value
+        try:
+            return self._sealed(number, value, aad).decode()
+        except UnicodeDecodeError as exc:
+            raise MalformedArchiveError(number, f"the sealed {name} is not UTF-8") from exc
+
+    def _texts(self, number: int, body: SummaryBody) -> dict[str, str]:
         """A summary's ledger, narrative and state, in clear (opened if sealed)."""
-        out = {}
-        for name in ("ledger", "narrative", "state"):
-            if name + "_sealed" in record:
-                out[name] = self._sealed(number, record, name + "_sealed").decode()
-            elif name in record:
-                value = record[name]
-                if not isinstance(value, str):
-                    raise MalformedArchiveError(number, f"{name} must be a string")
-                out[name] = value
+        out = {
+            name: self._text(number, name, value, sealed, body.aad)
+            for name, (value, sealed) in body.texts().items()
+        }
         if not out.get("ledger"):
             raise MalformedArchiveError(number, "a summary needs its ledger")
         for name, value in out.items():
@@ -200,13 +221,9 @@ class StagedSession:
                 )
         return out
 
-    def _summary_fields(self, number: int, record: dict[str, Any]) -> tuple[list[Any], str, int]:
+    def _summary_fields(self, number: int, body: SummaryBody) -> list[Any]:
         """A summary line's (or a checkpoint's) view fields, sealed for the target."""
-        covers = self._entry_id(number, record.get("covers"))
-        covered = record.get("covered_tokens")
-        if not isinstance(covered, int) or covered < 0:
-            raise MalformedArchiveError(number, "covered_tokens must be a whole number")
-        texts = self._texts(number, record)
+        texts = self._texts(number, body)
         role = self.scope.settings.summary_role
         counter = self.scope.counter
         codec = self.scope.codec
@@ -216,9 +233,9 @@ class StagedSession:
             "n1",
             count_message(counter, summary_message(texts["ledger"], role)),
             "covers",
-            covers,
+            body.covers,
             "model",
-            str(record.get("model") or "import"),
+            body.model or "import",
         ]
         if texts.get("narrative"):
             both = texts["ledger"] + "\n\n" + texts["narrative"]
@@ -226,50 +243,42 @@ class StagedSession:
             fields += ["n2", count_message(counter, summary_message(both, role))]
         if texts.get("state"):
             fields += ["state", codec.seal(self.target, texts["state"].encode())]
-        return fields, covers, covered
+        return fields
 
-    def _summary(self, number: int, record: dict[str, Any]) -> None:
+    def _summary(self, number: int, line: SummaryLine) -> None:
         if self.summary:
             raise MalformedArchiveError(number, "a second summary line")
-        self.summary, self.summary_covers, self.summary_tokens = self._summary_fields(
-            number, record
-        )
+        self.summary = self._summary_fields(number, line)
+        self.summary_covers, self.summary_tokens = line.covers, line.covered_tokens
         self.summary_line = number
 
-    def _checkpoint(self, number: int, record: dict[str, Any]) -> None:
-        try:
-            name = checkpoint_id(record.get("id"))
-        except InvalidInputError as exc:
-            raise MalformedArchiveError(number, exc.reason) from exc
-        entry = record.get("entry_id")
-        if entry != "":
-            entry = self._entry_id(number, entry)
-        numbers = {k: record.get(k) for k in ("seq", "epoch", "count", "tokens", "created_ms")}
-        if not all(isinstance(v, int) and v >= 0 for v in numbers.values()):
-            raise MalformedArchiveError(number, "a checkpoint's counters must be whole numbers")
-        label = record.get("name")
-        if label is not None and not isinstance(label, str):
-            raise MalformedArchiveError(number, "a checkpoint's name must be a string")
+    def _checkpoint(self, number: int, line: CheckpointLine) -> None:
+        name = line.name
+        if line.name_sealed is not None:
+            name = self._text(number, "name", line.name_sealed, True, line.aad)
+            try:
+                check_label(name, "a checkpoint's name")
+            except InvalidInputError as exc:
+                raise MalformedArchiveError(number, exc.reason) from exc
         covers, covered, fields = "", 0, list[Any]()
-        if record.get("summary") is not None:
-            if not isinstance(record["summary"], dict):
-                raise MalformedArchiveError(number, "a checkpoint's summary must be an object")
-            fields, covers, covered = self._summary_fields(number, record["summary"])
+        if line.summary is not None:
+            fields = self._summary_fields(number, line.summary)
+            covers, covered = line.summary.covers, line.summary.covered_tokens
         body = {
-            "entry_id": entry,
-            "seq": str(numbers["seq"]),
-            "epoch": str(numbers["epoch"]),
-            "count": str(numbers["count"]),
-            "tokens": str(numbers["tokens"]),
+            "entry_id": line.entry_id,
+            "seq": str(line.seq),
+            "epoch": str(line.epoch),
+            "count": str(line.count),
+            "tokens": str(line.tokens),
             "covers": covers,
             "wm_tokens": str(covered),
-            "made": str(numbers["created_ms"]),
-            "name": label or "",
+            "made": str(line.created_ms),
+            "name": stored_name(self.scope.codec, self.target, name),
             "branch": "",
         }
-        if any(p[1] == name for p in self.points):
-            raise MalformedArchiveError(number, f"checkpoint {name} twice")
-        self.points.append((number, name, str(entry), body, fields))
+        if any(p[1] == line.id for p in self.points):
+            raise MalformedArchiveError(number, f"checkpoint {line.id} twice")
+        self.points.append((number, line.id, line.entry_id, body, fields))
         if self.limits.checkpoints and len(self.points) > self.limits.checkpoints:
             raise QuotaExceededError(
                 "checkpoints",
@@ -278,12 +287,6 @@ class StagedSession:
                 tenant=self.scope.tenant,
                 session=self.target,
             )
-
-    def _entry_id(self, number: int, value: object) -> str:
-        try:
-            return check_entry_id(value)
-        except InvalidInputError as exc:
-            raise MalformedArchiveError(number, exc.reason) from exc
 
     async def _flush(self) -> None:
         if not self.batch:
@@ -319,20 +322,20 @@ class StagedSession:
                 [("DEL", *self.stage)], session=self.target, key=self.stage[0]
             )
 
-    async def finish(self, number: int, record: dict[str, Any]) -> ImportResult:
+    async def finish(self, number: int, line: EndLine) -> ImportResult:
         """Write the session, whole, at its end line."""
         try:
-            return await self._finish(number, record)
+            return await self._finish(number, line)
         except BaseException:
             await self.abandon()
             raise
 
-    async def _finish(self, number: int, record: dict[str, Any]) -> ImportResult:
-        if record.get("count") != self.count:
+    async def _finish(self, number: int, line: EndLine) -> ImportResult:
+        if line.count != self.count:
             raise MalformedArchiveError(
-                number, f"the end line counts {record.get('count')!r} messages, not {self.count}"
+                number, f"the end line counts {line.count} messages, not {self.count}"
             )
-        if record.get("digest") not in (None, self.digest.hexdigest()):
+        if line.digest not in (None, self.digest.hexdigest()):
             raise MalformedArchiveError(number, "the session's lines do not match its digest")
         await self._flush()
         keys = self.scope.keys(self.target)
@@ -387,12 +390,12 @@ class StagedSession:
             )
         if status == Reply.MISSING:
             what = text(reply[1])
-            line = (
+            at = (
                 self.summary_line
                 if what == "summary"
                 else next(p[0] for p in self.points if p[1] == what)
             )
-            raise MalformedArchiveError(line, f"{what} names an entry the session does not hold")
+            raise MalformedArchiveError(at, f"{what} names an entry the session does not hold")
         if status == Reply.QUOTA:
             raise quota_error(reply, tenant=self.scope.tenant, session=self.target, key=keys.meta)
         if status not in (Reply.OK, "unchanged"):
@@ -408,7 +411,3 @@ class StagedSession:
             checkpoints=len(self.points),
             source=f"{self.tenant}/{self.source}",
         )
-
-
-def _strings(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)

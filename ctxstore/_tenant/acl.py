@@ -56,8 +56,8 @@ STORE = (
     "del", "exec", "exists", "fcall", "fcall_ro", "get", "hdel", "hexists", "hget", "hgetall",
     "hincrby", "hkeys", "hlen", "hmget", "hset", "hvals", "multi", "discard", "persist",
     "pexpire", "pttl", "rename", "sadd", "set", "time", "unlink", "wait", "xadd", "xdel", "xlen",
-    "xrange", "xrevrange", "xtrim", "zadd", "zcard", "zrange", "zrangebyscore", "zremrangebyscore", "zrem",
-    "zrevrangebyscore", "zscan", "zscore",
+    "xrange", "xrevrange", "xtrim", "zadd", "zcard", "zrange", "zrangebyscore",
+    "zremrangebyscore", "zrem", "zrevrangebyscore", "zscan", "zscore",
 )  # fmt: skip
 """The SDK's commands (WAIT for ``replica_acks``, FCALL where the library is loaded, and
 FCALL_RO for its reads on a full Redis),

@@ -46,13 +46,28 @@ local function outlive(ttl, ...)
   end
 end
 
--- True when entry id `a` comes before entry id `b` ('' comes before every id).
+-- True when the whole number spelled by digits `x` is less than `y`'s. Compared as
+-- written, never by tonumber: Lua's numbers are doubles, which tell 2^53 from 2^53 + 1
+-- apart no more, and entry ids go to 2^64 - 1. Leading zeros count for nothing; equal
+-- lengths are compared 15 digits at a time (each chunk exact as a double).
+local function digits_before(x, y)
+  x, y = string.match(x, '^0*(%d*)$'), string.match(y, '^0*(%d*)$')
+  if #x ~= #y then return #x < #y end
+  for i = 1, #x, 15 do
+    local p, q = tonumber(string.sub(x, i, i + 14)), tonumber(string.sub(y, i, i + 14))
+    if p ~= q then return p < q end
+  end
+  return false
+end
+
+-- True when entry id `a` comes before entry id `b` ('' comes before every id): their
+-- milliseconds, then their sequence numbers, each compared as a 64-bit integer.
 local function id_before(a, b)
   if a == '' or b == '' then return a == '' and b ~= '' end
   local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
   local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
-  ams, bms = tonumber(ams), tonumber(bms)
-  return ams < bms or (ams == bms and tonumber(aseq) < tonumber(bseq))
+  if digits_before(ams, bms) then return true end
+  return not digits_before(bms, ams) and digits_before(aseq, bseq)
 end
 
 -- `s` cut at each `sep` (a plain string), empty parts kept.
@@ -214,7 +229,7 @@ local LAYOUT = '1 meta in the hashtable encoding: this value is longer than hash
 -- names this life of the session): the tombstone is spent (its bucket went to
 -- `rate_taken`), and a meta that held only a lease's fence no longer expires with it.
 local function created(meta, gone, rsv)
-  redis.call('DEL', gone)
+  redis.call('UNLINK', gone)
   redis.call('PERSIST', meta)
   redis.call('HSET', meta, 'rsv', rsv, 'layout', LAYOUT)
 end
@@ -310,9 +325,12 @@ end
 -- Raise the session's summary flag in `meta` and return the job generation to queue.
 -- Generations are times, made strictly increasing, so a job id is never
 -- reused, not even by a session deleted and written again (arq refuses ids
--- it still keeps a result for).
+-- it still keeps a result for). `now` may be an entry id's ms, which can pass 2^53
+-- (an imported history's): past it a double's + 1 adds nothing, so a time taken
+-- from there is held below it.
 local function next_generation(meta, now)
-  local gen = math.max((tonumber(redis.call('HGET', meta, 'sgen')) or 0) + 1, now)
+  local gen = math.max((tonumber(redis.call('HGET', meta, 'sgen')) or 0) + 1,
+                       math.min(now, 2 ^ 52))
   redis.call('HSET', meta, 'sq', '1', 'sq_at', now, 'sgen', gen)
   return gen
 end

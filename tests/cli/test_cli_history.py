@@ -72,17 +72,20 @@ async def test_rewind_and_fork_say_what_they_did(
 
 
 async def test_errors_are_one_line(store: ContextStore, capsys: pytest.CaptureFixture[str]) -> None:
-    """A bad target or an existing fork: one line on stderr, status 2 (input) or 1."""
+    """A malformed target is status 2; a missing one, or an existing fork, 1: one line each."""
     await store.append("s", turn(0))
     await store.append("taken", turn(1))
-    assert await run_cli(["rewind", "s", "cp-9", "--tenant", store.tenant]) == 2
-    assert "no checkpoint cp-9" in one_line(capsys.readouterr().err)
+    assert await run_cli(["rewind", "s", "cp-9", "--tenant", store.tenant]) == 1
+    line = one_line(capsys.readouterr().err)
+    assert f"no checkpoint cp-9 in session 's' of tenant {store.tenant!r}" in line
     assert await run_cli(["rewind", "s", "soon", "--tenant", store.tenant]) == 2
     assert "is not a stream entry id" in one_line(capsys.readouterr().err)
     assert await run_cli(["fork", "s", "taken", "--tenant", store.tenant]) == 1
     assert "exists" in one_line(capsys.readouterr().err)
     assert await run_cli(["compact", "nobody", "--tenant", store.tenant]) == 1
-    assert "no such session" in one_line(capsys.readouterr().err)
+    assert one_line(capsys.readouterr().err) == (
+        f"ctxstore: no session 'nobody' for tenant {store.tenant!r}"
+    )
     with pytest.raises(SystemExit) as usage:
         await run_cli(["export", "s", "--all", "--tenant", store.tenant])
     assert usage.value.code == 2

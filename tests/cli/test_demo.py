@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ctxstore._cli.demo import _Progress, agent_turns
+from ctxstore._cli.demo import _Progress, agent_turns, look_again
+from ctxstore.embedded import STARTED
 
-ANNOUNCEMENT = "ctxstore: no CTXSTORE_REDIS_URL; using the embedded Redis in"
+ANNOUNCEMENT = "ctxstore: no CTXSTORE_REDIS_URL; started the embedded Redis in"
 
 
 def test_the_demo_finishes_every_summary_job_and_says_what_it_does(data_dir: Path) -> None:
@@ -45,7 +46,34 @@ def test_the_demo_finishes_every_summary_job_and_says_what_it_does(data_dir: Pat
     assert "FAILED" not in out
     # Pods and worker are handed the server: only the demo's own process announces it.
     assert done.stderr.count(ANNOUNCEMENT) == 1
-    assert f"{ANNOUNCEMENT} {data_dir} (data kept across runs)" in done.stderr
+    assert STARTED.format(directory=data_dir) in done.stderr
+    assert f"Look again: {look_again(tenant_of(out))}" in out
+
+
+def tenant_of(out: str) -> str:
+    """The demo's tenant, as its first line names it."""
+    return out.split("tenant ", 1)[1].split(")", 1)[0]
+
+
+def test_the_closing_hint_names_the_command_where_it_is_when_it_is_on_no_path() -> None:
+    """Off PATH (as after `make demo`), the hint names the script's path and how to activate."""
+    script = Path(sys.executable).with_name("ctxstore")
+    if not script.is_file():
+        pytest.skip("ctxstore is not installed beside this Python")
+    hint = look_again("demo-1", path=os.devnull)
+    named, rest = hint.split(" ", 1)
+    assert named in (str(script), os.path.relpath(script)) and named != "ctxstore"
+    assert rest.startswith("sessions --tenant demo-1")
+    if script.with_name("activate").is_file():
+        assert "source " in hint and "activate` first" in hint
+
+
+def test_the_closing_hint_is_the_bare_command_where_path_finds_this_one() -> None:
+    """Where PATH finds this very script, the hint is `ctxstore sessions --tenant T`."""
+    script = Path(sys.executable).with_name("ctxstore")
+    if not script.is_file():
+        pytest.skip("ctxstore is not installed beside this Python")
+    assert look_again("demo-1", path=str(script.parent)) == "ctxstore sessions --tenant demo-1"
 
 
 def test_progress_on_a_terminal_is_a_bar_with_notes_above_it() -> None:

@@ -33,13 +33,14 @@ from ctxstore import (
     StoreUnavailableError,
 )
 from ctxstore.embedded import (
+    STARTED,
     _server_alive,
     redis_server_binary,
     shared_embedded_url,
     stop_embedded,
 )
 
-ANNOUNCEMENT = "ctxstore: no CTXSTORE_REDIS_URL; using the embedded Redis in"
+ANNOUNCEMENT = "ctxstore: no CTXSTORE_REDIS_URL; started the embedded Redis in"
 
 APPEND = """
 import asyncio, sys
@@ -249,12 +250,17 @@ def test_processes_starting_at_once_start_one_server(data_dir: Path) -> None:
     assert {a["pid"] for a in answers} == {int((data_dir / "redis.pid").read_text())}
 
 
-def test_the_data_directory_is_announced_once_per_process(data_dir: Path) -> None:
-    """Each process says on stderr, once, where the data lives, however often it connects."""
-    for _ in range(2):  # the process that starts the server, then one that finds it
-        stderr = python(TWICE, data_dir).stderr
-        assert stderr.count(ANNOUNCEMENT) == 1
-        assert f"{ANNOUNCEMENT} {data_dir} (data kept across runs)" in stderr
+def test_the_process_that_starts_the_server_says_so_once_and_the_others_say_nothing(
+    data_dir: Path,
+) -> None:
+    """One line on stderr, from its starter: where the data lives, how to stop it; then silence."""
+    starter = python(TWICE, data_dir).stderr
+    assert starter.count(ANNOUNCEMENT) == 1
+    assert STARTED.format(directory=data_dir) in starter
+    assert "`ctxstore embedded stop` stops it" in starter
+    assert python(TWICE, data_dir).stderr == ""  # it finds the server running
+    stop_embedded(data_dir)
+    assert python(TWICE, data_dir).stderr.count(ANNOUNCEMENT) == 1  # started again
 
 
 def test_the_data_directory_and_socket_are_private(data_dir: Path) -> None:

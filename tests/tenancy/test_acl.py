@@ -192,8 +192,9 @@ async def test_the_cli_writes_owner_only_files_whose_passwords_redis_accepts(
 async def test_the_cli_makes_existing_output_files_owner_only(tmp_path: Path) -> None:
     """`ctxstore acl` leaves its files 0600 even when they existed with wider permissions."""
     out, credentials = tmp_path / "users.acl", tmp_path / "credentials.json"
+    out.write_text("old\n")
+    credentials.write_text("{}\n")  # credentials it handed out before: none
     for path in (out, credentials):
-        path.write_text("old\n")
         path.chmod(0o644)
     code, output = await run_cli(
         "acl", "--out", str(out), "--credentials", str(credentials), "--tenant", "acme"

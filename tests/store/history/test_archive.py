@@ -203,7 +203,7 @@ async def test_a_forks_export_is_a_plain_session(settings: Settings, tenant: str
 async def test_sealed_sessions_export_sealed_unless_asked_and_keyed(
     settings: Settings, tenant: str, raw_redis: Redis
 ) -> None:
-    """Sealed by default; in clear only with the key and asked; a sealed import needs the key."""
+    """Sealed by default; in clear only with the key and asked; sealed imports: key and tenant."""
     key = Keyring.generate_key()
     keyed = Settings(
         **{**settings.model_dump(), "encryption_keys": {"k1": key}, "encryption_active_key": "k1"}
@@ -223,10 +223,15 @@ async def test_sealed_sessions_export_sealed_unless_asked_and_keyed(
             await keyless.import_sessions(sealed, session="copy")
         assert not (await keyless.info("copy")).exists
         other = store.for_tenant(tenant + "x")
-        await other.import_sessions(sealed, session="copy")  # sealed again for its new home
-        assert await other.get_messages("copy") == [turn(i) for i in range(10)]
-        for _, fields in await raw_redis.xrange(other.keys("copy").log):
+        with pytest.raises(MalformedArchiveError, match="opens only for it"):
+            await other.import_sessions(sealed, session="copy")  # another tenant's seal
+        assert not (await other.info("copy")).exists
+        await store.import_sessions(sealed, session="copy")  # sealed again for its new home
+        assert await store.get_messages("copy") == [turn(i) for i in range(10)]
+        for _, fields in await raw_redis.xrange(store.keys("copy").log):
             assert b"quick brown" not in fields[b"m"]
+        await other.import_sessions(await exported(store, "s", clear=True), session="copy")
+        assert await other.get_messages("copy") == [turn(i) for i in range(10)]
 
 
 async def test_an_export_reads_in_constant_memory(store: ContextStore) -> None:

@@ -199,19 +199,20 @@ async def test_an_imported_summary_cannot_lie_about_what_it_covers(store: Contex
 
 
 async def test_checkpoint_ids_past_what_a_script_counts_are_refused(store: ContextStore) -> None:
-    """cp-100000000000000 in a file would make the next checkpoint cp-1e+14: it is refused."""
+    """An id whose next one the store could not name (cp-9999999999999 and up) is refused."""
     await store.append_many("s", turns(0, 5))
     await store.checkpoint("s")
     lines = await exported(store, "s")
     number = line_of(lines, "checkpoint")
-    big = {**json.loads(lines[number - 1]), "id": "cp-100000000000000"}
-    with pytest.raises(MalformedArchiveError) as refused:
-        await store.import_sessions(edited(lines, number, json.dumps(big)), session="copy")
-    assert refused.value.line == number
-    top = {**json.loads(lines[number - 1]), "id": "cp-9999999999999"}
+    for too_big in ("cp-100000000000000", "cp-9999999999999"):
+        big = {**json.loads(lines[number - 1]), "id": too_big}
+        with pytest.raises(MalformedArchiveError) as refused:
+            await store.import_sessions(edited(lines, number, json.dumps(big)), session="copy")
+        assert refused.value.line == number
+    top = {**json.loads(lines[number - 1]), "id": "cp-999999999999"}
     await store.import_sessions(edited(lines, number, json.dumps(top)), session="copy")
     after = await store.checkpoint("copy")
-    assert after.checkpoint_id == "cp-10000000000000"
+    assert after.checkpoint_id == "cp-1000000000000"
     assert [c.checkpoint_id for c in await store.checkpoints("copy")][-1] == after.checkpoint_id
     with pytest.raises(InvalidInputError):
         await store.delete_checkpoint("copy", "cp-100000000000000")
