@@ -354,8 +354,8 @@ class TenantIndex:
         connection = self._scope.connection
         names: set[str] = set()
         cursor: Any = 0
-        while True:
-            ((cursor, members),) = await connection.transaction(
+        while True:  # no MULTI: a full Redis refuses to queue even a read in one
+            ((cursor, members),) = await connection.batch(
                 [("SSCAN", self.tenants_key, cursor, "COUNT", 1000)], key=self.tenants_key
             )
             names.update(text(m) for m in members)
