@@ -76,13 +76,17 @@ class ContextStore(Parts):
 
     Build one with :meth:`from_settings` or :meth:`from_url`, use it as an
     async context manager (or call :meth:`aclose`), and share it between the
-    tasks of a process: it holds a connection pool.
+    tasks of a process: it holds a connection pool. Any event loop of any
+    thread may call it (``Runner.run_sync``, ``asyncio.run`` in a thread,
+    several loops at once): each loop gets connections of its own.
 
     The attributes ``tenant``, ``settings``, ``keyring``, ``counter`` and
     ``clock`` are the arguments it was built with (read-only).
 
     Args:
-        client: A redis-py asyncio client (standalone or cluster).
+        client: A redis-py asyncio client (standalone or cluster). Another event
+            loop gets a copy of a standalone one; a cluster client you build serves
+            one loop at a time (``from_settings`` builds one for each loop).
         tenant: The tenant every call works on; it cannot name another's keys.
         settings: Limits, timeouts and defaults.
         counter: Counts tokens at append; cl100k (tiktoken) by default.
@@ -141,10 +145,14 @@ class ContextStore(Parts):
         """
         settings = settings or Settings()
         tenant = settings.tenant if tenant is None else tenant
-        client = make_client(settings.store_url(), settings)
+        url = settings.store_url()
+        client = make_client(url, settings)
         if "_connection" not in kwargs:  # the embedded Redis it started, when it has no URL
             kwargs["_connection"] = Connection(
-                client, settings, embedded=settings.redis_url is None
+                client,
+                settings,
+                embedded=settings.redis_url is None,
+                copy=lambda: make_client(url, settings),  # each other event loop's client
             )
         return cls(client, tenant=tenant, settings=settings, **kwargs)
 
@@ -185,7 +193,7 @@ class ContextStore(Parts):
         return store
 
     async def aclose(self) -> None:
-        """Close the connection (and the summary queue, if one was opened)."""
+        """Close the connections, every event loop's (and the summary queue, if one was opened)."""
         await self._handoff.aclose()
         await self._connection.aclose()
 

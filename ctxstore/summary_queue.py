@@ -33,6 +33,7 @@ import asyncio
 import json
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from enum import StrEnum
@@ -329,7 +330,10 @@ class Handoff:
         self.on_summary_due = on_summary_due
         self._now_ms = now_ms
         self._queue: SummaryQueue | None = None
-        self._opening = asyncio.Lock()
+        # One per event loop (an asyncio.Lock is its loop's): a loop's calls at once open one.
+        self._opening: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
         self._denied = False
         self._retry_at_ms = 0
         self._closed = False  # closed with its store: the queue is not opened again
@@ -346,10 +350,11 @@ class Handoff:
             StoreClosedError: The store was closed.
         """
         if self._queue is None:
-            async with self._opening:  # calls at once open one queue, not one each
+            opening = self._opening.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+            async with opening:  # calls at once open one queue, not one each
                 if self._queue is None and not self._closed:
                     queue = await SummaryQueue.connect(self.settings)
-                    if self.closed():  # while it opened
+                    if self.closed() or self._queue is not None:  # meanwhile (another loop)
                         await queue.aclose()
                     else:
                         self._queue = queue

@@ -1,7 +1,8 @@
 """The redis-py client a store talks through, made the same whatever redis-py's defaults.
 
-One client per process and Redis, standalone or cluster: RESP2, no socket
-timeouts and no retries of redis-py's own (:class:`ctxstore._redis.connection.Connection`
+One client per event loop and Redis, standalone or cluster (a client's sockets
+are its loop's: :mod:`ctxstore._redis.loops`): RESP2, no socket timeouts and no
+retries of redis-py's own (:class:`ctxstore._redis.connection.Connection`
 bounds, retries and translates every call), and on one Redis the store's
 bounded :class:`ctxstore._redis.pool.Pool`.
 """
@@ -9,14 +10,16 @@ bounded :class:`ctxstore._redis.pool.Pool`.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import connection as rconn
 
 from ctxstore._redis.pool import FAST, Pool
 from ctxstore.settings import Settings
 
-__all__ = ["make_client"]
+__all__ = ["copier", "make_client"]
 
 
 _CLUSTER_OPTIONS = frozenset(inspect.signature(RedisCluster.__init__).parameters)
@@ -60,3 +63,34 @@ def make_client(url: str, settings: Settings) -> Any:
     )
     pool.connection_class = FAST.get(pool.connection_class, pool.connection_class)
     return Redis.from_pool(pool)
+
+
+_COPYABLE = (Pool, rconn.BlockingConnectionPool, rconn.ConnectionPool)
+"""Pools a client can be copied by (their class, connection class, bound and options)."""
+
+
+def copier(client: Any) -> Callable[[], Any] | None:
+    """What makes another client like ``client`` (for another event loop); None if unknown.
+
+    A standalone client on redis-py's pools, or the store's own, is copied from its
+    pool: the same connection class, options and bound, and no connection yet. A
+    cluster or Sentinel client built by the caller is not: what built it is not kept.
+    """
+    pool: Any = getattr(client, "connection_pool", None)
+    if type(client) is not Redis or type(pool) not in _COPYABLE:
+        return None
+    options: dict[str, Any] = dict(pool.connection_kwargs)
+    if isinstance(pool, rconn.BlockingConnectionPool):
+        options["timeout"] = pool.timeout
+    pool_class: Any = type(pool)
+
+    def copy() -> Any:
+        return Redis.from_pool(
+            pool_class(
+                connection_class=pool.connection_class,
+                max_connections=pool.max_connections,
+                **options,
+            )
+        )
+
+    return copy

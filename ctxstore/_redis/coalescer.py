@@ -83,7 +83,8 @@ class _Batch:
 class Coalescer:
     """Sends concurrent calls to one node as one batch (see the module's docstring).
 
-    Shared by every tenant's connection on one client (the same connections).
+    Shared by every tenant's connection on one event loop (the same connections); each
+    loop has its own (:mod:`ctxstore._redis.loops`).
 
     Args:
         most: The most calls in one batch; 0 sends every call alone.
@@ -94,7 +95,6 @@ class Coalescer:
         self._in_flight: dict[str, int] = {}  # per node: lone calls and batches on the wire
         self._gathering: dict[str, _Batch] = {}  # per node: the batch not sent yet
         self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def send(
         self, node: str | None, key: str, commands: list[Command], lone: Send
@@ -104,11 +104,6 @@ class Coalescer:
         ``node`` names the node that owns ``key`` (``None``: unknown, sent alone).
         """
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # a new event loop (asyncio.run again): the old one is done
-            self._in_flight.clear()
-            self._gathering.clear()
-            self._tasks.clear()
-            self._loop = loop
         if node is None or self._most <= 0 or not self._in_flight.get(node) or _holds(commands):
             self._in_flight[node or ""] = self._in_flight.get(node or "", 0) + 1
             try:
@@ -173,9 +168,10 @@ class Coalescer:
     async def _alone(self, batch: _Batch, lone: Send) -> None:
         """Send each call of ``batch`` still waiting alone, as if it had found none in flight.
 
-        For a batch whose connection failed with no word from the server (one left
-        from a finished event loop raises ``RuntimeError``): each call fails, or not,
-        as it would have alone, not every call for one connection.
+        For a batch that failed before it was sent, with no word from the server (a
+        command that cannot be packed): each call fails, or not, as it would have
+        alone, not every call for one command (once sent, a failure is a lost
+        connection's: see ``Connection._send``).
         """
 
         async def one(key: str, commands: list[Command], future: asyncio.Future[list[Any]]) -> None:

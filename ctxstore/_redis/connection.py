@@ -14,6 +14,9 @@ with hiredis, and reads the raw replies (:mod:`ctxstore._redis.wire`). Scripts
 (:mod:`ctxstore._redis.dispatch`), MULTI/EXEC snapshots and WAIT (which must
 follow its write on the same connection) all go through it, so the same code
 runs on one Redis and on Redis Cluster.
+
+A connection serves every event loop and thread: each loop that calls uses a
+client, deadlines and batches of its own (:mod:`ctxstore._redis.loops`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ctxstore._redis.coalescer import Commands as CoalescedCommands
 from ctxstore._redis.deadlines import Deadlines
 from ctxstore._redis.dispatch import run_script
 from ctxstore._redis.errors import TOPOLOGY, TRANSIENT, scrub, translate
+from ctxstore._redis.loops import Local, Loops, wake
 from ctxstore._redis.pool import POOL_WANTS_A_NAME, Pool, drop_stale
 from ctxstore._redis.scripts import SCRIPTS, Script
 from ctxstore._redis.wire import pack, read_replies
@@ -69,25 +73,27 @@ def _keys_of(command: Sequence[Any]) -> list[str]:
     return [text(key) for key in (command[1:] if name in ("MGET", "EXISTS") else command[1:2])]
 
 
+_ANSWERED = (rex.RedisError, OSError)
+"""What a call sent may fail with and still be told apart: the server's error, a lost
+connection (every other error once it is sent is reported as a lost connection)."""
+
 _FREES = frozenset({"DEL", "UNLINK", "HDEL", "ZREM", "SREM", "XDEL", "ZREMRANGEBYSCORE"})
 """Commands that free memory and add none: on a full Redis, a transaction of these (and of
 reads) goes outside MULTI, where it refuses every command queued."""
 
 
 class _Shared:
-    """A client's state shared by every tenant's connection.
+    """A client's state shared by every tenant's connection, on every event loop.
 
-    A cluster's topology refresh (redis-py's is not safe to run concurrently: one lock
-    per client), when this version's Functions library was last found missing, and how
-    whether the client was closed: a store closed for good, so that no call in flight
-    then, or made later, opens a connection again, which nothing would close.
+    Each loop's client and state (:class:`~ctxstore._redis.loops.Loops`), when this
+    version's Functions library was last found missing, and whether the client was
+    closed: a store closed for good, so that no call in flight then, or made later,
+    opens a connection again, which nothing would close.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, loops: Loops) -> None:
         self.closed = False
-        self.backing_off: set[asyncio.Future[None]] = set()  # calls waiting to retry
-        self.lock = asyncio.Lock()
-        self.read_at = float("-inf")
+        self.loops = loops
         # script_mode=auto: scripts go by FCALL from this time on (monotonic seconds), by
         # EVALSHA before it; a missing library puts it FUNCTIONS_RECHECK_S ahead.
         self.fcall_from = float("-inf")
@@ -98,24 +104,22 @@ class _Shared:
         return time.monotonic() >= self.fcall_from
 
 
-def _wake(waiting: asyncio.Future[None]) -> None:
-    """End a wait (a call's retry backoff), once."""
-    if not waiting.done():
-        waiting.set_result(None)
-
-
 class Connection:
     """A Redis client with ctxstore's retry and error policy.
 
     One per process and Redis: :meth:`for_tenant` gives each tenant's store
-    the same client and topology state, with the tenant named in its errors.
+    the same clients and state, with the tenant named in its errors. Any
+    event loop of any thread may call it: each loop gets a client of its own,
+    like ``client`` (:mod:`ctxstore._redis.loops`).
 
     Args:
-        client: The redis-py client (standalone or cluster).
+        client: The redis-py client (standalone or cluster): the first loop's.
         settings: Retry counts and delays.
         tenant: The tenant this connection works for, for error messages.
         embedded: The client is on the embedded Redis this SDK started (no URL), which
             ``script_mode=auto`` gives the Functions library itself.
+        copy: Makes another client like ``client``, for another event loop; by default
+            a copy of its pool, where one can be made.
     """
 
     def __init__(
@@ -125,21 +129,14 @@ class Connection:
         tenant: str | None = None,
         *,
         shared: _Shared | None = None,
-        deadlines: Deadlines | None = None,
-        coalescer: Coalescer | None = None,
         label: str = "Redis",
         embedded: bool = False,
+        copy: Callable[[], Any] | None = None,
     ) -> None:
-        self.client = client
         self.cluster = isinstance(client, RedisCluster)
-        pool = None if self.cluster else getattr(client, "connection_pool", None)
-        # The store's own pool, which lets clean connections skip redis-py's check.
-        self._pool: Pool | None = pool if isinstance(pool, Pool) else None
         self._settings = settings
         self._tenant = tenant
-        self._shared = shared or _Shared()
-        self._deadlines = deadlines or Deadlines(settings.operation_timeout)
-        self._coalescer = coalescer or Coalescer(settings.coalesce_calls)
+        self._shared = shared or _Shared(Loops(client, settings, copy))
         self._label = label
         self._embedded = embedded
 
@@ -148,6 +145,26 @@ class Connection:
         """The settings it was made with."""
         return self._settings
 
+    @property
+    def client(self) -> Any:
+        """The running event loop's redis-py client (outside one: the first loop's)."""
+        return self._shared.loops.client()
+
+    @property
+    def _pool(self) -> Pool | None:
+        """The running loop's pool when it is the store's own (clean connections skip checks)."""
+        return self._shared.loops.here().pool
+
+    @property
+    def _deadlines(self) -> Deadlines:
+        """The running loop's call deadlines."""
+        return self._shared.loops.here().deadlines
+
+    @property
+    def _coalescer(self) -> Coalescer:
+        """The running loop's batches."""
+        return self._shared.loops.here().coalescer
+
     def closed(self) -> bool:
         """Whether :meth:`aclose` was called (on this or any tenant's connection of its client)."""
         return self._shared.closed
@@ -155,12 +172,10 @@ class Connection:
     def for_tenant(self, tenant: str) -> Connection:
         """The same client and topology state, naming ``tenant`` in errors."""
         return Connection(
-            self.client,
+            self._shared.loops.first,
             self._settings,
             tenant,
             shared=self._shared,
-            deadlines=self._deadlines,
-            coalescer=self._coalescer,
             label=self._label,
             embedded=self._embedded,
         )
@@ -180,11 +195,11 @@ class Connection:
             StoreError: Redis answered with another error.
         """
         attempt = 0
-        deadlines = self._deadlines
         if self.closed():
             raise StoreClosedError(
                 "the store is closed", tenant=self._tenant, session=session, key=key
             )
+        deadlines = self._shared.loops.here().deadlines
         while True:
             try:
                 token, task = deadlines.start()
@@ -238,15 +253,15 @@ class Connection:
             ),
         )
         log.debug("retrying after %r (attempt %d, %.3fs)", exc, attempt, delay)
-        loop = asyncio.get_running_loop()
-        woken: asyncio.Future[None] = loop.create_future()  # at the delay, or at the close
-        timer = loop.call_later(delay, _wake, woken)
-        self._shared.backing_off.add(woken)
+        local = self._shared.loops.here()
+        woken: asyncio.Future[None] = local.loop.create_future()  # at the delay, or the close
+        timer = local.loop.call_later(delay, wake, woken)
+        local.backing_off.add(woken)
         try:
             await woken
         finally:
             timer.cancel()
-            self._shared.backing_off.discard(woken)
+            local.backing_off.discard(woken)
         if self.closed():  # while it waited
             return False
         if self.cluster and isinstance(exc, TOPOLOGY):
@@ -274,7 +289,10 @@ class Connection:
         sent: list[tuple[Any, ...]] = (
             [("MULTI",), *commands, ("EXEC",)] if transaction else list(commands)
         )
-        replies = await self._coalescer.send(self._node_of(key), key, sent, self._send)
+        local = self._shared.loops.here()
+        replies = await local.coalescer.send(
+            self._node_of(key, local.client), key, sent, self._send
+        )
         if not transaction:
             return replies
         for reply in replies:  # +OK, +QUEUED..., then EXEC's array
@@ -288,12 +306,16 @@ class Connection:
                 raise reply
         return result
 
-    def _node_of(self, key: str) -> str | None:
-        """The name of the node that owns ``key`` ("" on one Redis); None if not known yet."""
+    def _node_of(self, key: str, client: Any = None) -> str | None:
+        """The name of the node that owns ``key`` ("" on one Redis); None if not known yet.
+
+        ``client``: the running loop's, by default.
+        """
         if not self.cluster:
             return ""
-        client = cast(RedisCluster, self.client)
-        if client._initialize:
+        if client is None:
+            client = self.client
+        if cast(RedisCluster, client)._initialize:
             return None
         node = client.get_node_from_key(key)
         return None if node is None else str(node.name)
@@ -304,7 +326,9 @@ class Connection:
         ``commands`` may be a function, called once the connection is in hand (a
         batch's calls cancelled while it waited are left out); ``[]`` sends nothing.
         """
-        conn, release = await self._acquire(key)
+        local = self._shared.loops.here()
+        conn, release = await self._acquire(local, key)
+        sending = False
         try:
             if self.closed():  # while it waited for the connection
                 raise rex.ConnectionError("not sent")
@@ -312,35 +336,42 @@ class Connection:
                 commands = commands()
             if not commands:
                 return []
-            await conn.send_packed_command(pack(conn, commands), check_health=False)
+            packed = pack(conn, commands)
+            sending = True
+            await conn.send_packed_command(packed, check_health=False)
             replies = await read_replies(conn, len(commands))
-        except BaseException:
+        except BaseException as exc:
             # A half-read reply must never reach the next user of this connection.
             await conn.disconnect()
+            if sending and isinstance(exc, Exception) and not isinstance(exc, _ANSWERED):
+                # Neither the server's answer nor a lost connection, yet the commands may
+                # have run: reported as a lost connection, whose retry tells what they did
+                # (an append's keeps its idempotency keys), never as a failed write.
+                raise rex.ConnectionError(f"the call failed once sent ({exc!r})") from exc
             raise
         else:
             if self.closed():
                 # While this call was on it: the close may have come before the
                 # connection was made, so nothing else would close it.
                 await conn.disconnect()
-            elif self._pool is not None:
-                self._pool.mark_clean(conn)
+            elif local.pool is not None:
+                local.pool.mark_clean(conn)
         finally:
             await release(conn)
         return replies
 
-    async def _acquire(self, key: str) -> tuple[Any, Callable[[Any], Awaitable[None]]]:
-        """A connection to the node owning ``key``, and how to give it back."""
+    async def _acquire(
+        self, local: Local, key: str
+    ) -> tuple[Any, Callable[[Any], Awaitable[None]]]:
+        """A connection of ``local``'s client to ``key``'s node, and how to give it back."""
         if self.closed():  # nothing is opened again (a cluster client would read its slots)
             raise rex.ConnectionError("not sent")
         if not self.cluster:
-            pool = self.client.connection_pool
-            ours = self._pool  # None: a caller's own client, whose pool is redis-py's
+            pool = local.client.connection_pool
+            ours = local.pool  # None: a caller's own client, whose pool is redis-py's
             try:
                 conn = ours.take_idle() if ours is not None else None
                 if conn is None:
-                    if ours is not None:
-                        ours.on_this_loop()
                     conn = await (
                         pool.get_connection("_") if POOL_WANTS_A_NAME else pool.get_connection()
                     )
@@ -349,7 +380,7 @@ class Connection:
                     ours.wake_next()
                 raise
             return conn, ours.give_back if ours is not None else pool.release
-        client = cast(RedisCluster, self.client)
+        client = cast(RedisCluster, local.client)
         if client._initialize:
             await client.initialize()
         node = client.get_node_from_key(key)
@@ -378,15 +409,16 @@ class Connection:
         One refresh at a time (redis-py's is not safe to run concurrently),
         and one for every task that failed while it ran.
         """
-        started = asyncio.get_running_loop().time()
-        async with self._shared.lock:
-            if self._shared.read_at >= started:
+        local = self._shared.loops.here()
+        started = local.loop.time()
+        async with local.topology:
+            if local.read_at >= started:
                 return  # another task read it while this one waited
-            await self._read_topology()
-            self._shared.read_at = asyncio.get_running_loop().time()
+            await self._read_topology(local.client)
+            local.read_at = local.loop.time()
 
-    async def _read_topology(self) -> None:
-        manager = cast(RedisCluster, self.client).nodes_manager
+    async def _read_topology(self, client: Any) -> None:
+        manager = cast(RedisCluster, client).nodes_manager
         before = list(manager.nodes_cache.values())
         try:
             await manager.initialize()
@@ -523,34 +555,23 @@ class Connection:
         """Run the commands ``queue`` adds to a non-transactional pipeline (any slots)."""
 
         async def op() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
+            client = self._shared.loops.here().client
+            pipe = client.pipeline(transaction=False)
             queue(pipe)
             try:
                 return cast(list[Any], await pipe.execute())
             finally:
                 if self.closed():  # redis-py's pipeline may have connected after the close
-                    await cast(Any, self.client).aclose()
+                    await client.aclose()
 
         return await self.call(op, session=session, key=key)
 
     async def aclose(self) -> None:
-        """Close the client's connections.
+        """Close the clients' connections, every event loop's.
 
         For good: a call in flight then, or made later, fails with
         :class:`StoreClosedError` (a call in flight is not retried), and leaves no
         connection open.
         """
         self._shared.closed = True
-        for woken in list(self._shared.backing_off):  # those waiting to retry fail now
-            if not woken.get_loop().is_closed():
-                _wake(woken)
-        if self._pool is not None:
-            self._pool.closed = True
-        self._deadlines.close()
-        await self._coalescer.aclose()
-        if self.cluster:  # an ended event loop's connections: closed here, as the pool's are
-            manager = cast(RedisCluster, self.client).nodes_manager
-            for node in [*manager.nodes_cache.values(), *manager.startup_nodes.values()]:
-                for conn in getattr(node, "_connections", ()):
-                    drop_stale(conn)
-        await cast(Any, self.client).aclose()
+        await self._shared.loops.aclose()

@@ -25,7 +25,8 @@ class Deadlines:
     each call past its deadline and is set again for the next. A call sees
     what ``asyncio.timeout`` gives: :class:`TimeoutError` when only its
     deadline cancelled it, the cancellation when its task was also cancelled
-    from outside. Shared by every tenant's connection on one client.
+    from outside. Shared by every tenant's connection on one event loop (each loop has
+    its own: :mod:`ctxstore._redis.loops`).
     """
 
     def __init__(self, seconds: float) -> None:
@@ -34,7 +35,6 @@ class Deadlines:
         self._expired: set[int] = set()
         self._tokens = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> tuple[int, asyncio.Task[Any]]:
         """Start the deadline of a call of the current task: its token, and the task."""
@@ -42,11 +42,6 @@ class Deadlines:
         task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a Redis call must run in a task")
-        if loop is not self._loop:  # a new event loop (asyncio.run again): the old one is done
-            self.close()
-            self._calls.clear()
-            self._expired.clear()
-            self._loop = loop
         token = next(self._tokens)
         when = loop.time() + self._seconds
         self._calls[token] = (task, when)

@@ -3,8 +3,9 @@
 redis-py's bounded pool checks every connection it hands out, and takes its
 condition lock to hand one out or take one back: :class:`Pool` skips both for
 a connection known to be clean while nobody waits, which is most calls of a
-warm store. Connections opened under an event loop that has ended (a second
-``asyncio.run``) are dropped here and connect anew. :data:`FAST` maps redis-py's
+warm store. A pool serves one event loop: each loop that calls a store gets a
+pool of its own (:mod:`ctxstore._redis.loops`), and :func:`drop_stale` closes
+the sockets a loop that has ended left. :data:`FAST` maps redis-py's
 connection classes to ones that pack commands with hiredis, when it is
 installed.
 """
@@ -26,7 +27,7 @@ try:
 except ImportError:  # redis-py runs without it, and so does ctxstore (packing is slower)
     hiredis = None
 
-__all__ = ["FAST", "POOL_WANTS_A_NAME", "Pool", "drop_stale"]
+__all__ = ["FAST", "POOL_WANTS_A_NAME", "Pool", "connections_of", "drop_stale"]
 
 
 class _HiredisPacking:
@@ -162,41 +163,20 @@ class Pool(rconn.BlockingConnectionPool):
             return
         await self.release(connection)
 
-    def on_this_loop(self) -> None:
-        """Make the pool's waiting primitives anew if an event loop that has ended bound them.
-
-        asyncio binds a Condition or Lock to the loop of its first contended use: a
-        store used under a second ``asyncio.run`` would fail every call that waits.
-        """
-        loop = asyncio.get_running_loop()
-        for name, make in (("_condition", asyncio.Condition), ("_lock", asyncio.Lock)):
-            held = getattr(self, name, None)
-            bound = getattr(held, "_loop", None)
-            if bound is not None and bound is not loop and bound.is_closed():
-                setattr(self, name, make())
-
     async def ensure_connection(self, connection: Any) -> None:
         if self.closed:  # a call that waited for this connection: it is not opened again
             raise rex.ConnectionError("not sent")
         clean = self._still_clean(connection)
         self._clean.discard(connection)  # a mark is good for one hand-out
         if not clean:
-            drop_stale(connection)
             await super().ensure_connection(connection)
 
-    async def disconnect(self, inuse_connections: bool = True) -> None:
-        for connection in [*self._available_connections, *self._in_use_connections]:
-            drop_stale(connection)
-        await super().disconnect(inuse_connections)
-
     def _still_clean(self, connection: Any) -> bool:
-        """Given back clean, still connected on this event loop, and nothing arrived since."""
-        return (
-            connection in self._clean
-            and connection.is_connected
-            and _quiet(connection)
-            and _loop_of(connection) is asyncio.get_running_loop()
-        )
+        """Given back clean, still connected, and nothing arrived since.
+
+        On this event loop: a pool serves one (:mod:`ctxstore._redis.loops`).
+        """
+        return connection in self._clean and connection.is_connected and _quiet(connection)
 
 
 def _loop_of(connection: Any) -> asyncio.AbstractEventLoop | None:
@@ -204,26 +184,49 @@ def _loop_of(connection: Any) -> asyncio.AbstractEventLoop | None:
     return getattr(getattr(connection, "_reader", None), "_loop", None)
 
 
-def drop_stale(connection: Any) -> None:
+def drop_stale(connection: Any, *, idle: bool = False) -> None:
     """Forget ``connection``'s socket if its event loop has ended; it connects anew when next used.
 
     An ``asyncio.run`` that ends leaves the pool's idle connections open on a closed
     loop: redis-py's ``disconnect`` raises ``RuntimeError`` on them, and so would any
     call. Their sockets are closed here, as that loop cannot (CPython's transport's
     ``_sock``; without it, the socket is left to the garbage collector).
+
+    With ``idle``, also a socket whose loop lives but is not running (a store closed
+    from another loop): it is taken off that loop's selector first, so that the loop,
+    if it runs again, does not watch a closed descriptor (whose number a new socket of
+    its may take).
     """
     loop = _loop_of(connection)
-    if loop is None or not loop.is_closed():
+    if loop is None or loop.is_running() or not (idle or loop.is_closed()):
         return
     transport: Any = getattr(connection._writer, "transport", None)
     sock = getattr(transport, "_sock", None)
     if sock is not None:
+        if not loop.is_closed():  # idle: its selector still watches the socket
+            for name in ("_remove_reader", "_remove_writer"):
+                unwatch = getattr(loop, name, None)
+                if unwatch is not None:
+                    unwatch(sock.fileno())
         # What the transport's close would do, but on a loop that runs (its finalizer,
         # and the stream writer's, then have nothing left to warn of).
         sock.close()
         transport._sock, transport._closing = None, True
     connection._parser.on_disconnect()
     connection._reader = connection._writer = None
+
+
+def connections_of(client: Any) -> list[Any]:
+    """Every connection ``client`` holds: its pool's, or each node's of a cluster."""
+    manager = getattr(client, "nodes_manager", None)
+    if manager is not None:
+        nodes = [*manager.nodes_cache.values(), *manager.startup_nodes.values()]
+        return [conn for node in nodes for conn in getattr(node, "_connections", ())]
+    pool = getattr(client, "connection_pool", None)
+    return [
+        *getattr(pool, "_available_connections", ()),
+        *getattr(pool, "_in_use_connections", ()),
+    ]
 
 
 def _quiet(connection: Any) -> bool:

@@ -12,11 +12,19 @@ that serve one conversation build sessions with the same id and share it::
         result = await Runner.run(agent, "Hello", session=session)
 
 Items are stored as the SDK gives them (Responses items: messages, function
-calls and their outputs, reasoning...) and come back equal. ``get_items`` is
-the history as stored, which the runner needs; a read that must fit a context
-window is :meth:`CtxstoreSession.get_view`, ctxstore's budgeted view
-(summarized, tool calls never cut from their outputs), for callers that build
-the model's input themselves.
+calls and their outputs, reasoning...) and come back equal. What the SDK's own
+sessions keep that is no message ctxstore knows (an item with neither a role
+nor a type, a ``message`` item with no role) is kept too, as it is: the store
+holds it in an item of type ``ctxstore.sdk_item``, which the session unwraps.
+``get_items`` is the history as stored, which the runner needs; a read that
+must fit a context window is :meth:`CtxstoreSession.get_view`, ctxstore's
+budgeted view (summarized, tool calls never cut from their outputs), for
+callers that build the model's input themselves.
+
+A session works from any event loop of any thread, as its store does
+(``Runner.run_sync`` in a thread while another loop runs, ``asyncio.run`` in
+several threads at once), and its errors are the SDK's where its own sessions
+raise one (settings it does not know: ``TypeError``).
 
 :meth:`CtxstoreSession.recall_tools` gives the agent the recall tools
 (:mod:`ctxstore.recall`: search the whole history, read an entry in full,
@@ -30,7 +38,8 @@ Needs the ``openai-agents`` extra (the SDK's ``SessionSettings``: 0.8 or later).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any, cast
 
 from agents import FunctionTool, RunContextWrapper, TResponseInputItem
 from agents.memory import SessionSettings
@@ -40,12 +49,23 @@ from ctxstore.integrations._settle import settled as _settled
 from ctxstore.recall import TOOL_NAMES, RecallTools
 from ctxstore.store import ContextStore
 
-__all__ = ["CtxstoreSession"]
+__all__ = ["CtxstoreSession", "SessionSettingsError"]
 
 _TAIL_LIMIT = 10_000
 """The most messages ``ContextStore.tail`` reads at once; a larger ``limit`` reads the history."""
 
-_T = TypeVar("_T")
+HELD = "ctxstore.sdk_item"
+"""The type of the item that holds, as it is, an SDK item ctxstore keeps no message like
+(``{"type": HELD, "item": ...}``): one with neither a role nor a type, a ``message`` item
+with no role, or one of this type itself (so that it comes back as it went in)."""
+
+
+class SessionSettingsError(InvalidInputError, TypeError):
+    """Session settings the SDK refuses: an unknown field, or not settings at all.
+
+    A ``TypeError``, as the SDK's own sessions raise, and an
+    :class:`~ctxstore.errors.InvalidInputError`, as ctxstore's bad input is.
+    """
 
 
 class CtxstoreSession:
@@ -66,7 +86,8 @@ class CtxstoreSession:
 
     Raises:
         InvalidIdError: ``session_id`` cannot be a ctxstore session id.
-        InvalidInputError: ``session_settings`` names a setting the SDK lacks.
+        SessionSettingsError: ``session_settings`` names a setting the SDK lacks, or
+            is neither settings nor a dict (a ``TypeError``, as in the SDK's sessions).
     """
 
     def __init__(
@@ -79,10 +100,8 @@ class CtxstoreSession:
         store.keys(session_id)  # refuses a bad id now, not at the first call
         self.session_id = session_id
         self.store = store
-        if isinstance(session_settings, dict):
-            session_settings = _settings_from_dict(session_settings)
         self.session_settings: SessionSettings | None = (
-            SessionSettings() if session_settings is None else session_settings
+            SessionSettings() if session_settings is None else _settings(session_settings)
         )
         self._owns_store = False
 
@@ -124,9 +143,9 @@ class CtxstoreSession:
             InvalidInputError: ``limit`` is not ``None`` or an integer from 0.
         """
         if limit is None and self.session_settings is not None:
-            limit = self.session_settings.limit
+            limit = _settings(self.session_settings).limit
         if limit is None:
-            return await self.store.get_messages(self.session_id)
+            return _unheld(await self.store.get_messages(self.session_id))
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidInputError(
                 f"limit must be None or an integer from 0, not {limit!r}",
@@ -137,23 +156,30 @@ class CtxstoreSession:
             return []
         newest = await self.store.tail(self.session_id, min(limit, _TAIL_LIMIT))
         if limit > _TAIL_LIMIT and len(newest) == _TAIL_LIMIT:
-            return (await self.store.get_messages(self.session_id))[-limit:]
-        return [stored.message for stored in newest]
+            return _unheld((await self.store.get_messages(self.session_id))[-limit:])
+        return _unheld(stored.message for stored in newest)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append items in order, all of them or none, in one round trip.
 
+        Items with neither a role nor a type, and ``message`` items with no
+        role, are kept as the SDK's own sessions keep them (see the module's
+        docstring).
+
         Raises:
-            InvalidMessageError: An item is not a dict, or not a message or
-                Responses item the store accepts; nothing was written.
+            InvalidMessageError: An item is not a dict, or a Responses item or
+                message the store refuses (a function call with no ``call_id``, an
+                unknown role); nothing was written.
             QuotaExceededError: The write would pass one of the tenant's quotas.
         """
+        if isinstance(items, list | tuple):  # anything else is refused by the store, as it is
+            items = [_held(item) for item in items]
         await _settled(self.store.append_many(self.session_id, items))
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove the newest item and return it; ``None`` when the session is empty."""
         stored = await _settled(self.store.pop(self.session_id))
-        return None if stored is None else stored.message
+        return None if stored is None else _unhold(stored.message)
 
     async def clear_session(self) -> None:
         """Drop every item of the session (under its lease; the epoch is bumped)."""
@@ -184,7 +210,7 @@ class CtxstoreSession:
                 tenant=self.store.tenant,
                 session=self.session_id,
             )
-        return view.messages
+        return _unheld(view.messages)
 
     def recall_tools(self, names: tuple[str, ...] = TOOL_NAMES) -> list[FunctionTool]:
         """The recall tools over this session, as the SDK's function tools.
@@ -221,10 +247,42 @@ class CtxstoreSession:
         await self.aclose()
 
 
-def _settings_from_dict(given: dict[str, Any]) -> SessionSettings:
-    """The SDK's settings from their dict form; an unknown key is refused, not dropped."""
-    known = {field.name for field in dataclasses.fields(SessionSettings)}
+def _settings(given: object) -> SessionSettings:
+    """The SDK's settings, or them from their dict form; an unknown key is refused, not dropped.
+
+    Refused as the SDK's own sessions refuse them (its words, a ``TypeError``).
+    """
+    if isinstance(given, SessionSettings):
+        return given
+    if not isinstance(given, dict):
+        raise SessionSettingsError(
+            f"session must be a SessionSettings instance or a dict, got {type(given).__name__}"
+        )
+    known = {field.name for field in dataclasses.fields(SessionSettings) if field.init}
     unknown = sorted(str(key) for key in given if key not in known)
     if unknown:
-        raise InvalidInputError(f"unknown session settings: {', '.join(unknown)}")
+        raise SessionSettingsError(f"Unknown session settings: {', '.join(unknown)}")
     return SessionSettings(**given)
+
+
+def _held(item: Any) -> Any:
+    """``item`` as the store keeps it: in a :data:`HELD` item when it is no message it knows."""
+    if (
+        isinstance(item, dict)
+        and "role" not in item
+        and (not isinstance(kind := item.get("type"), str) or kind in ("message", HELD))
+    ):
+        return {"type": HELD, "item": item}
+    return item
+
+
+def _unhold(message: dict[str, Any]) -> TResponseInputItem:
+    """The SDK's item a stored message is (what a :data:`HELD` item holds)."""
+    if message.get("type") == HELD and "role" not in message:
+        return cast(TResponseInputItem, message.get("item"))
+    return cast(TResponseInputItem, message)
+
+
+def _unheld(messages: Iterable[dict[str, Any]]) -> list[TResponseInputItem]:
+    """The SDK's items stored messages are."""
+    return [_unhold(message) for message in messages]

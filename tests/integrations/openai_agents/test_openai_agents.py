@@ -108,7 +108,7 @@ def test_session_settings_default_and_forms(store: ContextStore) -> None:
     from_dict = CtxstoreSession("s", store, session_settings={"limit": 0}).session_settings
     assert isinstance(from_dict, SessionSettings)
     assert from_dict.limit == 0
-    with pytest.raises(InvalidInputError, match="unknown session settings: limitt"):
+    with pytest.raises(InvalidInputError, match="Unknown session settings: limitt"):
         CtxstoreSession("s", store, session_settings={"limitt": 1})
 
 
