@@ -212,7 +212,7 @@ class ImportResult:
 
 @dataclass(frozen=True, slots=True)
 class Branch:
-    """The tail a rewind abandoned: readable until it expires or the session goes.
+    """The tail a rewind abandoned: readable until it is pushed out, expires or the session goes.
 
     Attributes:
         branch_id: Its id in the session (``br-1``, ``br-2``...).
@@ -224,6 +224,9 @@ class Branch:
         epoch: The epoch of the history it was cut from.
         readable: False once its entries have expired (they last the
             session's TTL from the rewind on).
+        bytes: What it holds against the session's ``session_bytes`` quota:
+            the entries the rewind moved out of the live history, charged
+            as their append was, until the branch goes.
     """
 
     branch_id: str
@@ -234,6 +237,7 @@ class Branch:
     created_ms: int
     epoch: int
     readable: bool = True
+    bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,7 +486,8 @@ class TenantLimits(BaseModel):
 
     Attributes:
         message_bytes: The largest message (JSON bytes).
-        session_bytes: The most bytes one session may hold.
+        session_bytes: The most bytes one session may hold (its messages,
+            pinned copies, checkpoints and branches).
         session_tokens: The most tokens one session may hold.
         sessions: The most sessions the tenant may have.
         appends_per_second: The sustained append rate of one session.

@@ -7,7 +7,10 @@ a new segment (:mod:`ctxstore._parts.lineage`) that a *branch* names, and the
 counters, protected copies, checkpoints, summary, anchors and search index
 follow. The branch stays readable (:meth:`Branches.read`) until it expires
 (the session's TTL from the rewind on), is pushed out by newer ones
-(``max_branches``) or the session goes.
+(``max_branches``) or the session goes; until then the entries it moved out
+of the live log stay charged to the session's ``session_bytes`` (a rewind
+gives no room back, a branch pushed out does), so what a session holds,
+branches included, stays within its quota.
 
 A target older than the live log (in the chain a fork left) is reached by
 reading, from the immutable segments, the newest entries up to it (the
@@ -182,6 +185,7 @@ class Branches:
                     created_ms=int(record["made"]),
                     epoch=int(record["epoch"]),
                     readable=readable,
+                    bytes=int(record["bytes"]),
                 )
             )
         return sorted(found, key=lambda b: int(b.branch_id[3:]))
@@ -231,10 +235,12 @@ class Branches:
         """
         try:
             record = json.loads(raw)
-            return {
+            fields = {
                 name: str(record[name])
                 for name in ("at", "end", "count", "tokens", "chain", "made", "epoch")
             }
+            fields["bytes"] = str(int(record.get("bytes", 0)))  # none: given back at its rewind
+            return fields
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptEntryError(
                 f"branch {branch} cannot be read: {exc}",

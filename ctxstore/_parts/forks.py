@@ -22,7 +22,9 @@ The two sessions then diverge independently, in the same tenant.
 
 from __future__ import annotations
 
+import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,7 +218,7 @@ class Forks:
         cap = settings.bridge_entries
         named = checkpoint.checkpoint_id if checkpoint else None
         copies = [f"{named}:{name}" for name in SUMMARY_COPY] if named else []
-        now, meta, view, keep, newest, *sums = await self._scope.connection.transaction(
+        now, meta, view, keep, branched, newest, *sums = await self._scope.connection.transaction(
             [
                 ("TIME",),
                 (
@@ -227,6 +229,7 @@ class Forks:
                 ),
                 ("HMGET", keys.view, *SUMMARY_COPY),
                 ("HGETALL", keys.keep),
+                ("HVALS", keys.branches),
                 ("XREVRANGE", keys.log, "+", "-", "COUNT", _FIRST_PAGE),
                 *([("HMGET", keys.checkpoint_summaries, *copies)] if copies else []),
             ],
@@ -243,16 +246,21 @@ class Forks:
         chain = Chain.parse(raw_chain)
         deadline = int(now[0]) * 1000 + int(now[1]) // 1000 + RESERVATION_MS
         plan = _Plan(at, chain, [], (0, 0), text(first or b"") if at else "", deadline)
-        plan.source = (int(tokens or 0), int(held or 0))
+        # The source's bytes, less what its branches hold: the fork shares none of those.
+        plan.source = (int(tokens or 0), int(held or 0) - _branch_bytes(branched))
         if not at:
             return plan  # an empty history
         # The summary in force, if it covers only what the fork keeps; else the checkpoint's.
         covers = current_covers(view[4], view[5], epoch or b"0", wm)
+        # An empty value is copied too: a summary of messages with nothing to keep has an
+        # empty ledger, and a job folding into the fork's summary reads it.
         if covers and entry_order(covers) <= entry_order(at):
-            plan.summary = {n: v for n, v in zip(SUMMARY_COPY, view, strict=True) if v}
+            plan.summary = {n: v for n, v in zip(SUMMARY_COPY, view, strict=True) if v is not None}
             plan.wm_tokens = int(wm_tokens or 0)
         elif checkpoint is not None and checkpoint.summary_covers and sums:
-            plan.summary = {n: v for n, v in zip(SUMMARY_COPY, sums[0], strict=True) if v}
+            plan.summary = {
+                n: v for n, v in zip(SUMMARY_COPY, sums[0], strict=True) if v is not None
+            }
             plan.wm_tokens = checkpoint.covered_tokens
         at_order = entry_order(at)
         plan.keep = [(text(k), v) for k, v in raw_pairs(keep) if entry_order(text(k)) <= at_order]
@@ -428,6 +436,17 @@ class Forks:
             )
 
         return await self._writer.listed(target, limits, run)
+
+
+def _branch_bytes(records: Sequence[bytes]) -> int:
+    """The bytes a session's branches hold against its quota (their records', rewind.lua's)."""
+    total = 0
+    for raw in records:
+        try:
+            total += int(json.loads(raw).get("bytes", 0))
+        except (ValueError, TypeError, AttributeError):
+            continue  # unreadable: its bytes are charged to the fork too (a quota errs safe)
+    return total
 
 
 def _shared_bytes(plan: _Plan) -> int:

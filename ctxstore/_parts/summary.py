@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ctxstore._layout.codec import Entry, Meta, Reply, current_covers, summary_message, text
 from ctxstore._layout.formats import earliest_callers
 from ctxstore._parts.scope import Scope
+from ctxstore._plan.pairs import bind_ties
 from ctxstore._redis.scripts import SCRIPTS
 from ctxstore.errors import StoreFullError, SummarizerError
 from ctxstore.lease import Lease, clock_arg, take_lease
@@ -309,8 +310,11 @@ def summary_cut(entries: Sequence[Entry], keep_tokens: int, open_window: int = 0
     answering them end up on the same side. A call not answered yet (a tool
     still running) holds the cut before it too, unless more than
     ``open_window`` tokens came after it (then it is taken as abandoned;
-    views strip unanswered calls). Returns 0 when nothing may be covered.
+    views strip unanswered calls). A reasoning item and the item after it
+    are an exchange (:func:`~ctxstore._plan.pairs.bind_ties`). Returns 0 when
+    nothing may be covered.
     """
+    entries = bind_ties(entries)
     used = 0
     cut = len(entries)
     while cut > 0 and used < keep_tokens:

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ctxstore._layout.codec import Kind, Reply, join_ids, text
-from ctxstore._layout.formats import REASONING, item_type
+from ctxstore._layout.formats import REASONING, REASONING_TIE, item_type
 from ctxstore._layout.memo import Memo
 from ctxstore._layout.messages import check_message
 from ctxstore._layout.validate import check_idempotency_keys, check_int, check_messages
@@ -51,21 +51,25 @@ ListedWrite = Callable[[tuple[str, int], Commands], Awaitable[Any]]
 
 
 def _reasoning_glue(messages: Sequence[Any]) -> dict[tuple[str, int], tuple[str, ...]]:
-    """Bind each OpenAI Responses reasoning item to the item after it in the batch.
+    """Bind each OpenAI Responses reasoning item to the item after it.
 
     The API refuses a reasoning item sent without the item it led to (and
     that item without its reasoning), so the pair is stored as an exchange:
     the reasoning "calls" an id of its own that the next item "answers".
     Views and summaries then never cut between them, as between a tool call
-    and its result. Returns the extra (call or result) ids by message index.
+    and its result. A reasoning item that ends its batch still calls its id:
+    the item after it in the history answers it when there is one
+    (:func:`ctxstore._plan.pairs.bind_ties`), and until then it is an
+    unanswered call, never sent. Returns the extra (call or result) ids by
+    message index.
     """
     glue: dict[tuple[str, int], tuple[str, ...]] = {}
-    for index in range(len(messages) - 1):
-        message = messages[index]
+    for index, message in enumerate(messages):
         if isinstance(message, dict) and item_type(message) == REASONING:
-            tie = f"~reasoning:{secrets.token_urlsafe(9)}"
+            tie = f"{REASONING_TIE}{secrets.token_urlsafe(9)}"
             glue[("calls", index)] = (tie,)
-            glue[("results", index + 1)] = (tie,)
+            if index + 1 < len(messages):
+                glue[("results", index + 1)] = (tie,)
     return glue
 
 

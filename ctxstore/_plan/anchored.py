@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from ctxstore._layout.codec import Anchor, Entry, SummaryLevel, SummaryText
 from ctxstore._layout.formats import earliest_callers, entry_order
+from ctxstore._plan.pairs import bind_ties
 from ctxstore._plan.shape import Shape, per_call, sends_preview
 from ctxstore._plan.view import Count, Growth, Sizes, ViewPlan, lay_out
 
@@ -41,8 +42,9 @@ def plan_anchored(
 
     Args:
         protected: System, developer and pinned entries, oldest first.
-        entries: The newest entries, oldest first: from the anchor's start at
-            least, and back to a budget's worth or the first entry.
+        entries: The newest entries, oldest first (a run of the history, up
+            to its end): from the anchor's start at least, and back to a
+            budget's worth or the first entry.
         budget: Tokens available for everything sent.
         anchor: The anchor in force, or ``None`` (the view starts at the
             first entry, with no summary).
@@ -60,6 +62,7 @@ def plan_anchored(
         ``(None, None)`` when the anchor must move and ``levels`` is ``None``.
     """
     protected_ids = {e.entry_id for e in protected}
+    entries = bind_ties(entries)
     raw = [e for e in entries if e.entry_id not in protected_ids]
     protected_tokens = sum(e.tokens for e in protected)
     sizes = Sizes(count)

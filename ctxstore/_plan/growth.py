@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ctxstore._layout.codec import Anchor, Entry
-from ctxstore._layout.formats import entry_order, item_type
-from ctxstore._plan.pairs import in_place, pair
+from ctxstore._layout.formats import entry_order
+from ctxstore._plan.pairs import bind_ties, chained, in_place, pair
 from ctxstore._plan.view import (
     Growth,
     Shape,
@@ -68,6 +68,10 @@ def grow(
         or not _holds(growth, entries, anchor, complete)
     ):
         return None
+    # A reasoning item planned last (its tie open, so not sent) is answered by the first
+    # new entry: the tie is an id planned before, and the view is planned again.
+    start = len(entries) - len(new)
+    new = bind_ties([entries[start - 1], *new])[1:] if start > 0 else bind_ties(new)
     tokens = 0
     ids: set[str] = set()
     for entry in new:
@@ -149,9 +153,4 @@ def _whole(new: Sequence[Entry]) -> bool:
         kept = pairs.results.get(index, ())
         if len(kept) < len(entry.results) or len(pairs.calls.get(index, ())) < len(entry.calls):
             return False
-    chained = {
-        index
-        for index, entry in enumerate(new)
-        if pairs.calls.get(index) and item_type(entry.message) is not None
-    }
-    return in_place(len(new), pairs.caller, chained)
+    return in_place(len(new), pairs.caller, chained(new, pairs))

@@ -6,20 +6,66 @@ each answering entry with one calling entry (both directions: a result
 stored before its call, as when two pods race, is moved after it),
 :func:`without_results` / :func:`without_calls` strip what is left unpaired,
 and :func:`place` gives the order to send them in, keeping the stored order
-when it is already valid. Pure functions over entries and message dicts.
+when it is already valid. A reasoning item is tied to the item after it as a
+call to its result (:func:`bind_ties`), so each of these keeps the two
+together: sent both or neither. Pure functions over entries and message dicts.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ctxstore._layout.codec import Entry
-from ctxstore._layout.formats import call_ids, item_type, result_id, result_ids
+from ctxstore._layout.formats import (
+    REASONING,
+    REASONING_TIE,
+    call_ids,
+    item_type,
+    result_id,
+    result_ids,
+)
 
-__all__ = ["Pairs", "in_place", "pair", "place", "without_calls", "without_results"]
+__all__ = [
+    "Pairs",
+    "bind_ties",
+    "chained",
+    "in_place",
+    "pair",
+    "place",
+    "without_calls",
+    "without_results",
+]
+
+
+def bind_ties(entries: Sequence[Entry]) -> Sequence[Entry]:
+    """``entries`` with each reasoning item's open tie answered by the entry after it.
+
+    A reasoning item "calls" an id of its own (``REASONING_TIE``), which the
+    item appended after it in the same batch "answers". One that ended its
+    batch, or whose next item was popped or rewound away, calls an id nobody
+    answers: the entry after it in the history, if any, answers it here (a
+    copy of that entry, the others as they are). ``entries`` must be a run of
+    the history in its order (a view's tail, a summary's entries); a tie left
+    open (the reasoning item is the last one) stays an unanswered call, which
+    the view does not send.
+    """
+    bound: list[Entry] | None = None
+    for index in range(len(entries) - 1):
+        entry = entries[index]
+        if not entry.calls:
+            continue
+        after = entries[index + 1]
+        ties = tuple(
+            c for c in entry.calls if c.startswith(REASONING_TIE) and c not in after.results
+        )
+        if ties:
+            if bound is None:
+                bound = list(entries)
+            bound[index + 1] = replace(after, results=after.results + ties)
+    return entries if bound is None else bound
 
 
 @dataclass(slots=True)
@@ -118,12 +164,36 @@ def pair(items: Sequence[Entry | None], repairs: list[str]) -> Pairs:
     for index, entry in calling:
         done = pairs.calls.get(index, set())
         for cid in entry.calls:
-            if cid not in done:
+            if cid in done:
+                continue
+            if cid.startswith(REASONING_TIE):
+                repairs.append(f"dropped reasoning item {entry.entry_id}: no item after it is sent")
+            else:
                 repairs.append(
                     f"dropped {'repeated' if cid in answered else 'unanswered'} call {cid}"
                 )
     repairs.extend(f"moved result {r} after its call" for i in moved for r in pairs.results[i])
     return pairs
+
+
+def chained(items: Sequence[Entry | None], pairs: Pairs) -> set[int]:
+    """The items of a run of Responses call items (``in_place``'s ``chained``), by index.
+
+    A role-less item whose calls are answered; a reasoning item only when the
+    item answering it (the one after it) is one too: a reasoning item that led
+    to a message ends the run, so results of the calls before it are not sent
+    after that message.
+    """
+    runs: set[int] = set()
+    answer = {caller: index for index, caller in pairs.caller.items()}
+    for index in range(len(items) - 1, -1, -1):
+        entry = items[index]
+        if entry is None or not pairs.calls.get(index):
+            continue
+        kind = item_type(entry.message)
+        if kind is not None and (kind != REASONING or answer.get(index) in runs):
+            runs.add(index)
+    return runs
 
 
 def place(count: int, caller: dict[int, int], chained: set[int]) -> Sequence[int]:

@@ -35,8 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxstore._layout.codec import Anchor, Entry, SummaryLevel, SummaryText
-from ctxstore._layout.formats import earliest_callers, entry_order, item_type
-from ctxstore._plan.pairs import pair, place, without_calls, without_results
+from ctxstore._layout.formats import REASONING, earliest_callers, entry_order, item_type
+from ctxstore._plan.pairs import (
+    Pairs,
+    bind_ties,
+    chained,
+    pair,
+    place,
+    without_calls,
+    without_results,
+)
 from ctxstore._plan.shape import Shape, form_cost, sends_preview
 
 __all__ = [
@@ -184,8 +192,9 @@ def plan_view(
     Args:
         protected: System, developer and pinned entries, oldest first.
         summary: The cached summary, or ``None``.
-        tail: Entries after the summary's watermark, oldest first; usually
-            only the newest ones, as many as the budget could hold.
+        tail: Entries after the summary's watermark, oldest first (a run of
+            the history, up to its end); usually only the newest ones, as
+            many as the budget could hold.
         budget: Tokens available for everything returned.
         complete: True when ``tail`` reaches back to the summary's watermark
             (or the start of the history): a result whose call is not found
@@ -201,7 +210,7 @@ def plan_view(
     plan = ViewPlan()
     sizes = Sizes(count)
     protected_ids = {e.entry_id for e in protected}
-    tail = [e for e in tail if e.entry_id not in protected_ids]
+    tail = [e for e in bind_ties(tail) if e.entry_id not in protected_ids]
     plan.protected_tokens = sum(e.tokens for e in protected)
     full: set[str] = set()  # previewable entries sent in full
     if plan.protected_tokens > budget:
@@ -403,53 +412,83 @@ def _repair_place_and_render(
     already in the order to send them in.
     """
     pairs = pair(items, plan.repairs)
-    rendered: list[tuple[Entry | None, dict[str, Any]] | None] = [None] * len(items)
-    nothing: set[str] = set()
+    rendered: list[dict[str, Any] | None] = [None] * len(items)
+    forms: dict[int, tuple[bool, bool]] = {}  # a repaired or previewed item: how it is sent
     for index, entry in enumerate(items):
         if entry is None:
             assert summary is not None
-            rendered[index] = (None, summary.message)
+            rendered[index] = summary.message
             plan.tokens += summary.tokens
-            continue
-        if not entry.calls and not entry.results and entry.preview_data is None:
-            rendered[index] = (entry, entry.message)  # the usual case: sent as stored
+        elif not entry.calls and not entry.results and entry.preview_data is None:
+            rendered[index] = entry.message  # the usual case: sent as stored
             plan.tokens += entry.tokens
-            continue
-        as_preview = entry.entry_id in previewed
-        results: Sequence[str] = pairs.results.get(index, ())
-        calls = pairs.calls.get(index, nothing)
-        stripped = len(results) < len(entry.results) or len(calls) < len(entry.calls)
-        if not stripped and not as_preview:
-            rendered[index] = (entry, entry.message)
-            plan.tokens += entry.tokens
-            continue
-        message: dict[str, Any] | None = entry.preview if as_preview else entry.message
-        assert message is not None
-        if stripped:
-            if len(results) < len(entry.results):
-                message = without_results(message, set(results))
-            if message is not None and len(calls) < len(entry.calls):
-                message = without_calls(message, calls)
-            if message is None:
-                if entry.entry_id not in protected_ids:
-                    plan.dropped += 1
-                continue
-            plan.tokens += sizes.sent(entry, message, as_preview)
         else:
+            message, as_preview, stripped = _render(entry, pairs, index, previewed)
+            rendered[index], forms[index] = message, (as_preview, stripped)
+    # An answering item left with nothing to send answers nothing: its caller loses those
+    # calls (a reasoning item whose next item is not sent is not sent either), and so on.
+    gone = [i for i in pairs.caller if rendered[i] is None]
+    while gone:
+        index = gone.pop()
+        caller = pairs.caller.pop(index)
+        pairs.calls[caller].difference_update(pairs.results.pop(index, ()))
+        entry = items[caller]
+        if entry is None or rendered[caller] is None:
+            continue
+        message, as_preview, stripped = _render(entry, pairs, caller, previewed)
+        rendered[caller], forms[caller] = message, (as_preview, stripped)
+        if rendered[caller] is None:
+            plan.repairs.append(f"dropped {_what(entry)}: the item after it is not sent")
+            if caller in pairs.caller:
+                gone.append(caller)
+    for index, (as_preview, stripped) in sorted(forms.items()):
+        entry, message = items[index], rendered[index]
+        assert entry is not None
+        if message is None:
+            if entry.entry_id not in protected_ids:
+                plan.dropped += 1
+            continue
+        if stripped:
+            plan.tokens += sizes.sent(entry, message, as_preview)
+        elif as_preview:
             plan.tokens += sizes.preview(entry)
+        else:
+            plan.tokens += entry.tokens
         if as_preview:
             plan.offloaded.append(entry.entry_id)
-        rendered[index] = (entry, message)
-    chained = {
-        index
-        for index, entry in enumerate(items)
-        if entry is not None and pairs.calls.get(index) and item_type(entry.message) is not None
-    }
-    order = place(len(items), pairs.caller, chained)
+    order = place(len(items), pairs.caller, chained(items, pairs))
     for index in order:
-        sent = rendered[index]
-        if sent is not None:
-            plan.messages.append(sent[1])
-            if sent[0] is not None:
-                plan.kept_ids.append(sent[0].entry_id)
+        message = rendered[index]
+        if message is not None:
+            plan.messages.append(message)
+            entry = items[index]
+            if entry is not None:
+                plan.kept_ids.append(entry.entry_id)
     return isinstance(order, range)
+
+
+def _render(
+    entry: Entry, pairs: Pairs, index: int, previewed: set[str]
+) -> tuple[dict[str, Any] | None, bool, bool]:
+    """``entry`` (at ``index``) as sent: its message, whether as a preview and stripped.
+
+    The message is ``None`` when a repair leaves nothing of it to send.
+    """
+    as_preview = entry.entry_id in previewed
+    results: Sequence[str] = pairs.results.get(index, ())
+    calls = pairs.calls.get(index) or set()
+    stripped = len(results) < len(entry.results) or len(calls) < len(entry.calls)
+    message: dict[str, Any] | None = entry.preview if as_preview else entry.message
+    assert message is not None
+    if stripped:
+        if len(results) < len(entry.results):
+            message = without_results(message, set(results))
+        if message is not None and len(calls) < len(entry.calls):
+            message = without_calls(message, calls)
+    return message, as_preview, stripped
+
+
+def _what(entry: Entry) -> str:
+    """How a repair names an entry it dropped: a reasoning item, or a message, by entry id."""
+    kind = "reasoning item" if item_type(entry.message) == REASONING else "message"
+    return f"{kind} {entry.entry_id}"

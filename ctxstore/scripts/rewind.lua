@@ -24,16 +24,18 @@
 -- holder that paused past its expiry cannot rewind over its successor. In one
 -- step, for every pod: the entries after the target leave the live log for a
 -- segment that the new branch names (nothing is destroyed: the tail stays
--- readable until the branch goes), the counters, the protected copies and the
--- checkpoints follow, the epoch is bumped (a summary job that read the old
--- history is refused at commit, a paged reader stops, warm views go cold) and
--- the anchors and the search index go. The summary in force is kept if it
--- covers no abandoned entry; else a checkpoint's copy that covers only kept
--- entries is put back, or it is dropped. Appends ordered before the rewind
--- belong to the abandoned tail; appends after it extend the new history. A
--- target in the chain is refused unless the caller read the same chain (a
--- fork may have frozen the log since). A retry of a call whose reply was lost
--- is answered with its first reply.
+-- readable until the branch goes, its bytes charged to the session's byte quota
+-- until then: a rewind gives no room back, an evicted branch does, so what the
+-- session holds, branches included, stays within its quota), the counters, the
+-- protected copies and the checkpoints follow, the epoch is bumped (a summary job
+-- that read the old history is refused at commit, a paged reader stops, warm
+-- views go cold) and the anchors and the search index go. The summary in force is
+-- kept if it covers no abandoned entry; else a checkpoint's copy that covers only
+-- kept entries is put back, or it is dropped. Appends ordered before the rewind
+-- belong to the abandoned tail; appends after it extend the new history. A target
+-- in the chain is refused unless the caller read the same chain (a fork may have
+-- frozen the log since). A retry of a call whose reply was lost is answered with
+-- its first reply.
 --
 -- Returns {'ok', epoch, seq, count, abandoned, branch id ('' if nothing was), evicted
 -- segments ('owner:id ...', for the caller to release), 1 if the new segment was made,
@@ -65,12 +67,12 @@ local count, tokens, bytes = tonumber(meta[3]) or 0, tonumber(meta[4]) or 0, ton
 -- The live log's part after the target goes to the new segment, ids kept.
 local low = (deep or target == '') and '-' or '(' .. target
 local tail = redis.call('XRANGE', KEYS[1], low, '+')
-local gone_count, gone_tokens = 0, 0
+local gone_count, gone_tokens, moved = 0, 0, 0
 for _, row in ipairs(tail) do
   local f = row_fields(row)
   gone_count = gone_count + 1
   gone_tokens = gone_tokens + tonumber(f['t'])
-  bytes = bytes - #f['m'] - #(f['v'] or '')
+  moved = moved + #f['m'] + #(f['v'] or '')  -- what its append charged: the branch's now
 end
 if gone_count == 0 and not deep then
   -- Already the end: nothing is abandoned, nothing changes.
@@ -99,8 +101,9 @@ if deep then
   chain = ARGV[16]
   base = string.match(chain, ':([^: ]+)$') or ''
   -- A new stream: its ids start again below the abandoned ones (the bridge's are older).
+  -- The bridge copies entries of the chain, charged already (as a freeze's copies are).
   redis.call('UNLINK', KEYS[1])
-  bytes = bytes + add_given(KEYS[1], ARGV, 18, tonumber(ARGV[17]))
+  add_given(KEYS[1], ARGV, 18, tonumber(ARGV[17]))
 end
 
 -- The protected copies of abandoned entries go.
@@ -146,12 +149,13 @@ elseif redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('HSET', KEYS[4], 'epoch', epoch)
 end
 
--- The branch: the abandoned entries, after the target, in the old chain and the segment.
+-- The branch: the abandoned entries, after the target, in the old chain and the segment,
+-- and the bytes of those it moved out of the live log (given back when it goes).
 local branch = 'br-' .. ((tonumber(meta[12]) or 0) + 1)
 redis.call('HSET', KEYS[12], branch, cjson.encode({
   at = target, ['end'] = last, count = tostring(count - kept_count),
   tokens = tostring(tokens - kept_tokens), chain = branch_chain, made = tostring(now),
-  epoch = tostring(epoch - 1)}))
+  epoch = tostring(epoch - 1), bytes = tostring(moved)}))
 for j = 1, #points, 2 do
   local ok, point = pcall(cjson.decode, points[j + 1])
   if ok and type(point) == 'table' and point.branch == '' and id_before(target, point.entry_id) then
@@ -161,7 +165,8 @@ for j = 1, #points, 2 do
     redis.call('HSET', KEYS[10], points[j], body)
   end
 end
--- The oldest branches go past the most kept, with the checkpoints on them.
+-- The oldest branches go past the most kept, with the checkpoints on them, and give
+-- their bytes back.
 local evicted = {}
 local names = redis.call('HKEYS', KEYS[12])
 if #names > tonumber(ARGV[11]) then
@@ -172,6 +177,7 @@ if #names > tonumber(ARGV[11]) then
       for owner, id in string.gmatch(old.chain, '([^: ]+):([^: ]+):[^: ]+') do
         table.insert(evicted, owner .. ':' .. id)
       end
+      bytes = bytes - (tonumber(old.bytes) or 0)  -- none on a branch made before it was kept
     end
     redis.call('HDEL', KEYS[12], names[i])
     for j = 1, #points, 2 do

@@ -340,12 +340,14 @@ async def test_a_rewound_session_keeps_a_sound_view(store: ContextStore) -> None
 async def test_rewinding_pinned_and_system_messages_gives_back_what_they_were_charged(
     store: ContextStore,
 ) -> None:
-    """A pinned tool pair or a system message rewound away returns its bytes, no more.
+    """A pinned tool pair or a system message rewound away returns its copy's bytes, no more.
 
     Their keep copies carry a header (kind, tokens, call ids) beside the data; the
     append and the pin charged the data only, so the rewind gives back the data
-    only: cycles of pin and rewind leave the counter where it started, and a
-    session cannot grow past its quota on bytes handed back twice.
+    only, and the entries themselves stay charged to the branch that holds them:
+    cycles of pin and rewind leave the counter at where it started plus what the
+    branches hold, and a session cannot grow past its quota on bytes handed back
+    twice.
     """
     from support.tenant import raw_bytes
 
@@ -358,7 +360,8 @@ async def test_rewinding_pinned_and_system_messages_gives_back_what_they_were_ch
         await store.append("s", {"role": "system", "content": f"rules, take {cycle}"})
         assert await raw_bytes(store, "s") > start
         await store.rewind("s", base)
-        assert await raw_bytes(store, "s") == start, cycle
+        branches = sum(b.bytes for b in await store.branches("s"))
+        assert await raw_bytes(store, "s") == start + branches, cycle
 
 
 async def test_an_unpin_never_takes_the_counter_below_zero(store: ContextStore) -> None:
