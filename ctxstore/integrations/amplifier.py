@@ -9,7 +9,7 @@ tenant and a new session id. Pods that serve one conversation pass the same
 Config keys:
     redis_url: The store's Redis (else ``CTXSTORE_REDIS_URL``, else embedded).
     tenant: The tenant (else ``CTXSTORE_TENANT``, else ``default``).
-    session_id: The session; a new one by default.
+    session_id: The session, any non-empty string; a new one by default.
     key_prefix: The first part of every key (else ``CTXSTORE_KEY_PREFIX``).
     max_tokens: The budget when neither the caller nor the provider gives one.
     compaction_threshold: Compact when the history passes this share of the
@@ -58,6 +58,7 @@ from pydantic import BaseModel
 
 from ctxstore.budget import MAX_BUDGET, Budget, resolve_budget
 from ctxstore.errors import BudgetExceededError, ConfigurationError, InvalidInputError
+from ctxstore.integrations._ids import encode_session_id
 from ctxstore.models import RequestView
 from ctxstore.recall import TOOL_NAMES, RecallTools
 from ctxstore.settings import Settings
@@ -77,7 +78,9 @@ class StoreContextManager:
 
     Args:
         store: The store (bound to the tenant).
-        session_id: The session this manager reads and writes.
+        session_id: The conversation this manager reads and writes, any
+            non-empty string (kept under ``encode_session_id(session_id)``,
+            :mod:`ctxstore.integrations._ids`).
         max_tokens: The fallback budget; the store's default if ``None``.
         compaction_threshold: Compact past this share of the budget, down to it.
         hooks: Something with ``async emit(event, data)``, for the events.
@@ -105,8 +108,8 @@ class StoreContextManager:
         )
         if problem:
             raise InvalidInputError(problem)
-        store.keys(session_id)  # refuses an invalid id now, not at the first call
         self.store = store
+        self.store_session_id = encode_session_id(session_id)
         self.session_id = session_id
         self.max_tokens = max_tokens
         self.compaction_threshold = compaction_threshold
@@ -128,7 +131,7 @@ class StoreContextManager:
         message = _as_json(message)
         if self.add_timestamps:
             message = _stamped(message, self._now())
-        await self.store.append(self.session_id, message)
+        await self.store.append(self.store_session_id, message)
 
     async def get_messages_for_request(
         self,
@@ -166,7 +169,7 @@ class StoreContextManager:
                 budget.tokens,
                 stats.protected_tokens,
                 tenant=self.store.tenant,
-                session=self.session_id,
+                session=self.store_session_id,
             )
         if stats.compacted:
             await self._emit(
@@ -205,7 +208,7 @@ class StoreContextManager:
             return False
         if newest > len(view.messages):
             return True
-        stored = await self.store.tail(self.session_id, newest)
+        stored = await self.store.tail(self.store_session_id, newest)
         sent = view.messages[len(view.messages) - len(stored) :]
         previews = set(stats.offloaded)
         return any(
@@ -217,7 +220,9 @@ class StoreContextManager:
         """The view at ``share`` of the resolved budget (its model picks the factor)."""
         self.last_model = budget.model
         return await self.store.view(
-            self.session_id, token_budget=max(1, int(budget.tokens * share)), model=budget.model
+            self.store_session_id,
+            token_budget=max(1, int(budget.tokens * share)),
+            model=budget.model,
         )
 
     async def record_usage(
@@ -244,7 +249,7 @@ class StoreContextManager:
 
     async def get_messages(self) -> list[dict[str, Any]]:
         """The full history, uncompacted."""
-        return await self.store.get_messages(self.session_id)
+        return await self.store.get_messages(self.store_session_id)
 
     async def set_messages(self, messages: list[dict[str, Any]]) -> None:
         """Replace the history (session resume), under the session's lease.
@@ -254,10 +259,12 @@ class StoreContextManager:
         """
         if self._ignore_next_set:
             self._ignore_next_set = False
-            log.info("ignoring set_messages: session %s was loaded from the store", self.session_id)
+            log.info(
+                "ignoring set_messages: session %s was loaded from the store", self.store_session_id
+            )
             return
         given = [_as_json(m) for m in messages] if isinstance(messages, list) else messages
-        await self.store.replace(self.session_id, given)
+        await self.store.replace(self.store_session_id, given)
 
     async def should_compact(self) -> bool:
         """False, always: each request's view compacts (loop-events asks after each turn)."""
@@ -269,11 +276,11 @@ class StoreContextManager:
     async def clear(self) -> None:
         """Drop every message of the session."""
         self._ignore_next_set = False
-        await self.store.clear(self.session_id)
+        await self.store.clear(self.store_session_id)
 
     def recall_tools(self, names: tuple[str, ...] = TOOL_NAMES) -> list[RecallTool]:
         """The recall tools over this session, as Amplifier tools (to mount as ``tools``)."""
-        recall = RecallTools(self.store, self.session_id, names=names)
+        recall = RecallTools(self.store, self.store_session_id, names=names)
         return [RecallTool(recall, name) for name in recall.names]
 
     def _now(self) -> str:
@@ -350,7 +357,11 @@ async def mount(
     store = ContextStore.from_settings(settings)
     try:
         session_id = config.get("session_id") or uuid.uuid4().hex
-        existed = (await store.info(session_id)).count > 0 if config.get("session_id") else False
+        existed = (
+            (await store.info(encode_session_id(session_id))).count > 0
+            if config.get("session_id")
+            else False
+        )
         context = StoreContextManager(
             store,
             session_id,

@@ -45,6 +45,7 @@ from agents import FunctionTool, RunContextWrapper, TResponseInputItem
 from agents.memory import SessionSettings
 
 from ctxstore.errors import BudgetExceededError, InvalidInputError
+from ctxstore.integrations._ids import encode_session_id
 from ctxstore.integrations._settle import settled as _settled
 from ctxstore.recall import TOOL_NAMES, RecallTools
 from ctxstore.store import ContextStore
@@ -72,20 +73,23 @@ class CtxstoreSession:
     """The Agents SDK ``Session`` protocol over one ctxstore session.
 
     Args:
-        session_id: The session's id in the store: ASCII letters, digits,
-            ``_``, ``.`` and ``-``, up to 128 characters.
+        session_id: The conversation's id, any non-empty string: the store
+            keeps it under ``encode_session_id(session_id)``
+            (:mod:`ctxstore.integrations._ids`: itself when the store takes it
+            as an id, else a reversible escape, or a hash past 128 characters).
         store: The store, bound to the tenant; the caller closes it.
         session_settings: The SDK's settings (or their dict form); their
             ``limit`` applies when :meth:`get_items` is called without one,
             as in the SDK's own sessions.
 
     Attributes:
-        session_id: The session's id.
+        session_id: The conversation's id, as given.
+        store_session_id: The store's session id for it.
         store: The store it reads and writes.
         session_settings: The SDK's settings for this session.
 
     Raises:
-        InvalidIdError: ``session_id`` cannot be a ctxstore session id.
+        InvalidIdError: ``session_id`` is not a string, or is empty.
         SessionSettingsError: ``session_settings`` names a setting the SDK lacks, or
             is neither settings nor a dict (a ``TypeError``, as in the SDK's sessions).
     """
@@ -97,7 +101,7 @@ class CtxstoreSession:
         *,
         session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
-        store.keys(session_id)  # refuses a bad id now, not at the first call
+        self.store_session_id = encode_session_id(session_id)
         self.session_id = session_id
         self.store = store
         self.session_settings: SessionSettings | None = (
@@ -145,18 +149,18 @@ class CtxstoreSession:
         if limit is None and self.session_settings is not None:
             limit = _settings(self.session_settings).limit
         if limit is None:
-            return _unheld(await self.store.get_messages(self.session_id))
+            return _unheld(await self.store.get_messages(self.store_session_id))
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InvalidInputError(
                 f"limit must be None or an integer from 0, not {limit!r}",
                 tenant=self.store.tenant,
-                session=self.session_id,
+                session=self.store_session_id,
             )
         if limit == 0:
             return []
-        newest = await self.store.tail(self.session_id, min(limit, _TAIL_LIMIT))
+        newest = await self.store.tail(self.store_session_id, min(limit, _TAIL_LIMIT))
         if limit > _TAIL_LIMIT and len(newest) == _TAIL_LIMIT:
-            return _unheld((await self.store.get_messages(self.session_id))[-limit:])
+            return _unheld((await self.store.get_messages(self.store_session_id))[-limit:])
         return _unheld(stored.message for stored in newest)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
@@ -174,16 +178,16 @@ class CtxstoreSession:
         """
         if isinstance(items, list | tuple):  # anything else is refused by the store, as it is
             items = [_held(item) for item in items]
-        await _settled(self.store.append_many(self.session_id, items))
+        await _settled(self.store.append_many(self.store_session_id, items))
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove the newest item and return it; ``None`` when the session is empty."""
-        stored = await _settled(self.store.pop(self.session_id))
+        stored = await _settled(self.store.pop(self.store_session_id))
         return None if stored is None else _unhold(stored.message)
 
     async def clear_session(self) -> None:
         """Drop every item of the session (under its lease; the epoch is bumped)."""
-        await _settled(self.store.clear(self.session_id))
+        await _settled(self.store.clear(self.store_session_id))
 
     async def get_view(
         self, token_budget: int | None = None, *, model: str | None = None
@@ -202,13 +206,13 @@ class CtxstoreSession:
         Raises:
             BudgetExceededError: System and pinned items alone exceed the budget.
         """
-        view = await self.store.view(self.session_id, token_budget=token_budget, model=model)
+        view = await self.store.view(self.store_session_id, token_budget=token_budget, model=model)
         if view.stats.over_budget:
             raise BudgetExceededError(
                 view.stats.budget,
                 view.stats.protected_tokens,
                 tenant=self.store.tenant,
-                session=self.session_id,
+                session=self.store_session_id,
             )
         return _unheld(view.messages)
 
@@ -219,7 +223,7 @@ class CtxstoreSession:
         ``unpin_message`` (``names``: a subset). A bad call gets a tool
         result saying what was wrong, never an exception in the run.
         """
-        recall = RecallTools(self.store, self.session_id, names=names)
+        recall = RecallTools(self.store, self.store_session_id, names=names)
 
         def tool(name: str) -> FunctionTool:
             async def invoke(context: RunContextWrapper[Any], arguments: str) -> str:

@@ -238,7 +238,7 @@ class FailingCoordinator(MockCoordinator):
     ("coordinator", "config", "error"),
     [
         (FailingCoordinator, {}, RuntimeError),
-        (MockCoordinator, {"session_id": "bad}id"}, InvalidInputError),
+        (MockCoordinator, {"session_id": 42}, InvalidInputError),  # ids are strings
     ],
 )
 async def test_a_failed_mount_closes_its_store(
@@ -293,6 +293,18 @@ async def test_pods_share_a_session_by_id(tenant: str) -> None:
     finally:
         await cleanup_a()
         await cleanup_b()
+
+
+async def test_any_session_id_is_a_session_of_its_own(store: ContextStore) -> None:
+    """Ids the store would refuse (slashes, spaces, non-ASCII) hold their own messages."""
+    ids = ["team/alice", "会話 7", "a:b", "_.eteam"]
+    for n, session_id in enumerate(ids):
+        await StoreContextManager(store, session_id).add_message(
+            {"role": "user", "content": str(n)}
+        )
+    for n, session_id in enumerate(ids):
+        messages = await StoreContextManager(store, session_id).get_messages()
+        assert messages == [{"role": "user", "content": str(n)}], session_id
 
 
 async def test_resume_keeps_the_stored_history(tenant: str) -> None:

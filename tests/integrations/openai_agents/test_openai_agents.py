@@ -112,10 +112,20 @@ def test_session_settings_default_and_forms(store: ContextStore) -> None:
         CtxstoreSession("s", store, session_settings={"limitt": 1})
 
 
-def test_bad_session_id_is_refused_at_construction(store: ContextStore) -> None:
-    """A session id that cannot be a ctxstore id is refused before any call."""
+def test_an_empty_session_id_is_refused_at_construction(store: ContextStore) -> None:
+    """An empty session id (almost always a missing one) is refused before any call."""
     with pytest.raises(InvalidIdError):
-        CtxstoreSession("user:../other", store)
+        CtxstoreSession("", store)
+
+
+async def test_any_session_id_is_a_session_of_its_own(store: ContextStore) -> None:
+    """Ids the store would refuse (slashes, colons, non-ASCII) hold their own items."""
+    ids = ["user:../other", "会話 7", "user/other", "_.euser"]
+    for n, session_id in enumerate(ids):
+        await CtxstoreSession(session_id, store).add_items([{"role": "user", "content": str(n)}])
+    for n, session_id in enumerate(ids):
+        items = await CtxstoreSession(session_id, store).get_items()
+        assert items == [{"role": "user", "content": str(n)}], session_id
 
 
 # -- add, get, pop, clear --------------------------------------------------------
