@@ -185,6 +185,15 @@ def staging_keys(prefix: str, tenant: str, session: str, token: str) -> tuple[st
     return base + "log", base + "keep"
 
 
+def tenant_staging_key(prefix: str, tenant: str) -> str:
+    """The sorted set of a tenant's imports in progress (``session token`` -> expiry, ms).
+
+    An import that dies before its end line leaves its staged keys until they
+    expire; ``delete`` and ``forget_tenant`` find them here and remove them.
+    """
+    return f"{prefix}:{{{tenant}}}:staging"
+
+
 def tenant_sessions_key(prefix: str, tenant: str) -> str:
     """The sorted set of a tenant's sessions, scored by last activity (ms)."""
     return f"{prefix}:{{{tenant}}}:sessions"

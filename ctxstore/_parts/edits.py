@@ -33,6 +33,7 @@ from ctxstore._redis.connection import Commands
 from ctxstore._redis.scripts import SCRIPTS
 from ctxstore._tenant.index import TenantIndex
 from ctxstore._tenant.quotas import Limits, Quotas
+from ctxstore._tenant.staged import StagedImports
 from ctxstore.errors import InvalidInputError, SessionNotFoundError, StoreUnavailableError
 from ctxstore.lease import Lease, clock_arg, fenced
 from ctxstore.models import StoredMessage, WriteResult
@@ -296,5 +297,6 @@ class Editor:
         until = int(seen_at) + max(settings.tombstone_seconds * 1000, 2 * self._scope.period_ms)
         await self._index.unlist(int(seen_at), [(session, text(spent))], deleted_until=until)
         await self._lineage.release(held_segments(segments))
+        await StagedImports(self._scope).drop(session)  # an import of it a dead pod left
         self._warm.discard(self._scope.tenant, session)  # no copy of it stays in this pod
         return int(existed) == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import secrets
@@ -39,8 +40,10 @@ from ctxstore._parts.writes import Writer
 from ctxstore._redis.connection import Commands
 from ctxstore._redis.scripts import SCRIPTS
 from ctxstore._tenant.quotas import Limits, quota_error
+from ctxstore._tenant.staged import StagedImports
 from ctxstore.encryption import MAGIC
 from ctxstore.errors import (
+    CtxstoreError,
     DecryptionError,
     InvalidInputError,
     MalformedArchiveError,
@@ -91,6 +94,7 @@ class StagedSession:
         self.scope = scope
         self.token = secrets.token_urlsafe(9)
         self.stage = _keys.staging_keys(scope.prefix, scope.tenant, self.target, self.token)
+        self.registry = StagedImports(scope)
         self.digest = hashlib.sha256()
         self.batch: list[Any] = []
         self.count = 0
@@ -291,6 +295,8 @@ class StagedSession:
     async def _flush(self) -> None:
         if not self.batch:
             return
+        # Named first: a pod that dies after the batch leaves keys delete and forget find.
+        await self.registry.register(self.target, self.token, STAGE_MS)
         added = await self.scope.connection.script(
             SCRIPTS.import_stage, self.stage, (STAGE_MS, *self.batch), session=self.target
         )
@@ -319,8 +325,9 @@ class StagedSession:
         self.batch = []
         if self.staged:
             await self.scope.connection.transaction(
-                [("DEL", *self.stage)], session=self.target, key=self.stage[0]
+                [("UNLINK", *self.stage)], session=self.target, key=self.stage[0]
             )
+            await self.registry.unregister(self.target, self.token)
 
     async def finish(self, number: int, line: EndLine) -> ImportResult:
         """Write the session, whole, at its end line."""
@@ -404,6 +411,11 @@ class StagedSession:
                 tenant=self.scope.tenant,
                 session=self.target,
             )
+        if self.staged:
+            # The import landed: a failure to say so here must not report it as failed (an
+            # entry left behind names keys that are gone, and goes with the next drop).
+            with contextlib.suppress(CtxstoreError):
+                await self.registry.unregister(self.target, self.token)
         return ImportResult(
             session=self.target,
             status="imported" if status == Reply.OK else "unchanged",

@@ -32,6 +32,7 @@ from ctxstore._layout.keys import (
     tenant_ratios_key,
     tenant_segments_key,
     tenant_sessions_key,
+    tenant_staging_key,
     validate_id,
 )
 from ctxstore.settings import Settings
@@ -164,6 +165,7 @@ def users(
                     tenant_deleted_key(prefix, tenant),
                     tenant_ratios_key(prefix, tenant),
                     tenant_segments_key(prefix, tenant),
+                    tenant_staging_key(prefix, tenant),
                 ),
                 CONNECTION + STORE,
                 # Its quotas are the operator's: readable, not writable. No shared key at

@@ -13,6 +13,7 @@ from ctxstore._layout import keys as _keys
 from ctxstore._layout.chain import segments_of
 from ctxstore._layout.codec import Meta, text
 from ctxstore._tenant.index import valid_id
+from ctxstore._tenant.staged import StagedImports
 from ctxstore.errors import CtxstoreError, ForgetIncompleteError, StoreError
 
 if TYPE_CHECKING:
@@ -102,8 +103,10 @@ async def forget_tenant(
             await connection.transaction([("UNLINK", *keys.all())], session=session, key=keys.meta)
         await connection.transaction([("ZREM", index.deleted_key, *members)], key=index.deleted_key)
     await lineage.delete_registered()
+    staged = StagedImports(scope)
+    await staged.drop()  # imports in progress, or left by a pod that died during one
     ratios = _keys.tenant_ratios_key(scope.prefix, scope.tenant)
-    await connection.transaction([("UNLINK", *index.keys, ratios)], key=index.key)
+    await connection.transaction([("UNLINK", *index.keys, ratios, staged.key)], key=index.key)
     # A tenant's own ACL user may neither change its limits nor the tenants
     # set: only an operator's forget removes them.
     for command, key, what in (
