@@ -1,9 +1,9 @@
 """The README's examples run as written, and its commands parse and run.
 
 Each ```python block is run as a script of its own (it is complete: imports,
-``asyncio.run``), with ``CTXSTORE_*`` pointing at the test server, twice in a
-row, under one key prefix for every block, as a reader trying them in turn
-on the embedded Redis would (which keeps its data): the second run prints
+``asyncio.run``), with no ``CTXSTORE_*`` setting, twice in a row, on one
+embedded Redis for every block, as a reader trying them in turn on the
+embedded default would (it keeps its data): the second run prints
 what the first did (an example collides neither with its own earlier data
 nor with another's). A block that needs a package this environment lacks is
 skipped here and runs in the other environment ``make test`` uses. Each ``ctxstore``
@@ -23,6 +23,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from support.config import REPO
 
 from ctxstore import ContextStore, Settings
 from ctxstore.cli import _parser
+from ctxstore.embedded import stop_embedded
 
 README = REPO / "README.md"
 TEXT = README.read_text()
@@ -124,18 +126,29 @@ def test_the_readme_has_examples_and_commands() -> None:
     }
 
 
+@pytest.fixture(scope="module")
+def embedded_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A reader's environment: no ``CTXSTORE_*``, so one embedded Redis for every block."""
+    home = tmp_path_factory.mktemp("reader-home")
+    yield {k: v for k, v in os.environ.items() if not k.startswith("CTXSTORE_")} | {
+        "XDG_DATA_HOME": str(home)
+    }
+    stop_embedded(home / "ctxstore")
+
+
 @pytest.mark.parametrize(("line", "source"), python_blocks(), ids=lambda v: str(v)[:12])
-def test_a_readme_example_runs_as_written(line: int, source: str, settings: Settings) -> None:
-    """Run twice as a script, the block exits 0 and prints what it says, the same each time."""
+def test_a_readme_example_runs_as_written(
+    line: int, source: str, embedded_home: dict[str, str]
+) -> None:
+    """Run twice on the embedded default, a block exits 0 and prints the same, as it says."""
     for package, uses in NEEDS.items():
         if re.search(uses, source, re.MULTILINE) and importlib.util.find_spec(package) is None:
             pytest.skip(f"needs {package} (installed in the other environment)")
-    prefix = f"{settings.key_prefix}-readme"  # every block's: a reader tries them in turn
     printed = []
-    for run in ("first", "second"):  # the same Redis and prefix: a reader runs it again
+    for run in ("first", "second"):  # the same embedded Redis: a reader runs it again
         done = subprocess.run(
             [sys.executable, "-c", source],
-            env=env_for(settings, prefix),
+            env=embedded_home,
             capture_output=True,
             text=True,
             timeout=120,
