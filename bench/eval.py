@@ -28,6 +28,12 @@ Metrics, per policy and budget, micro-averaged over facts or views:
   providers' prompt-cache condition; also the looser share where the
   unchanged prefix holds at least half the previous view's tokens, and the
   mean share of each view's tokens that the previous view's prefix covers;
+- **fitting cut**: of the views whose whole history fits the budget, the
+  share that are not that history (byte-equal JSON per message, in order):
+  a preview, a drop or a move where none was needed (should be 0);
+- **cost per call**: the mean input cost of a view in uncached-token units,
+  what the previous view's prefix covers at the cache-read price
+  (``CACHE_READ_PRICE``, 0.1), the rest in full;
 - **over budget** (``stats.tokens > stats.budget_cl100k`` with
   ``stats.over_budget`` unset) and **orphans** (tool calls or results sent
   without their other half): both must be 0;
@@ -156,6 +162,12 @@ class Tally:
         growth_sum: Sum over strict pairs of the tokens the next view adds (what a
             model call adds to a view that only grows).
         fit_pairs: Pairs whose history fits the budget (the whole history is sent).
+        fit_views: Views whose history fits the budget.
+        fit_cut: Of those, views that are not the history itself (byte-equal JSON
+            per message, in order): a preview, a drop or a move where none is needed.
+        cost_sum: Sum over views of their input cost in uncached-token units: the
+            tokens the previous view's prefix covers at the cache-read price
+            (:data:`CACHE_READ_PRICE`), the rest at full price.
         views: Views read.
         view_tokens: Their tokens (as the store counts them).
         over_budget: Views over budget without ``stats.over_budget``.
@@ -182,6 +194,9 @@ class Tally:
     reuse_sum: float = 0.0
     growth_sum: int = 0
     fit_pairs: int = 0
+    fit_views: int = 0
+    fit_cut: int = 0
+    cost_sum: float = 0.0
     views: int = 0
     view_tokens: int = 0
     over_budget: int = 0
@@ -213,6 +228,8 @@ class Tally:
             "prefix_reuse": self.reuse_sum / self.pairs if self.pairs else None,
             "growth_per_call": self.growth_sum / self.strict if self.strict else None,
             "fits_share": _share(self.fit_pairs, self.pairs),
+            "fitting_cut": _share(self.fit_cut, self.fit_views),
+            "cost_per_call": self.cost_sum / self.views if self.views else None,
             "over_budget": self.over_budget,
             "over_budget_recount": self.over_budget_recount,
             "overshoot_tokens": self.overshoot,
@@ -236,6 +253,9 @@ class Tally:
 def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
+
+CACHE_READ_PRICE = 0.1
+"""A cached input token's price relative to an uncached one (the providers' cache reads)."""
 
 FILL_TARGET = 0.85
 """The context-quality issue's budget fill, whenever the history does not fit."""
@@ -329,6 +349,7 @@ class ViewSeries:
         budget: int,
         history_tokens: int,
         flagged: bool = False,
+        history: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         """Score one view.
 
@@ -339,6 +360,8 @@ class ViewSeries:
             history_tokens: The tokens of the whole history at this point.
             flagged: The store set ``stats.over_budget`` (its protected
                 messages alone exceed the budget): not a violation.
+            history: The whole history at this point, when known: a view of a
+                history that fits and is not that history counts as cut.
         """
         dumps = [json.dumps(m, sort_keys=True, ensure_ascii=False) for m in messages]
         sizes = [self._size(d, m) for d, m in zip(dumps, messages, strict=True)]
@@ -350,14 +373,21 @@ class ViewSeries:
         if history_tokens > budget:
             t.fill_views += 1
             t.fill_sum += tokens / budget
+        elif history is not None:
+            t.fit_views += 1
+            whole = [json.dumps(m, sort_keys=True, ensure_ascii=False) for m in history]
+            t.fit_cut += dumps != whole
         if not flagged:
             t.over_budget += tokens > budget
             t.over_budget_recount += max(tokens, recount) > budget
             t.overshoot = max(t.overshoot, max(tokens, recount) - budget)
         t.orphans += orphans(messages)
-        if self._previous is not None:
+        if self._previous is None:
+            t.cost_sum += recount
+        else:
             shared = common_prefix(self._previous, dumps)
             kept = sum(self._previous_tokens[:shared])
+            t.cost_sum += recount - kept + CACHE_READ_PRICE * kept
             before = sum(self._previous_tokens)
             extends = shared == len(self._previous)
             t.pairs += 1
@@ -453,6 +483,7 @@ async def _replay(
                 budget=stats.budget_cl100k,
                 history_tokens=stats.history_tokens,
                 flagged=stats.over_budget,
+                history=conversation.messages[: index + 1],
             )
             final = view.messages
     tally.seconds = time.perf_counter() - started
@@ -475,7 +506,13 @@ def _replay_last(
         history += size
         if index in points:
             final = last_messages(conversation.messages[: index + 1])
-            series.add(final, tokens=None, budget=budget, history_tokens=history)
+            series.add(
+                final,
+                tokens=None,
+                budget=budget,
+                history_tokens=history,
+                history=conversation.messages[: index + 1],
+            )
     tally.seconds = time.perf_counter() - started
     lost = score_final(conversation.facts, final, len(conversation.messages), tally)
     return _Run(conversation, "last10", budget, tally, lost)
@@ -642,6 +679,8 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
             _pct(r["cacheable"]),
             _pct(r["cacheable_half"]),
             _pct(r["prefix_reuse"]),
+            _pct(r["fitting_cut"]),
+            "-" if r["cost_per_call"] is None else f"{r['cost_per_call']:,.0f}",
             str(r["superseded_survives"]),
             str(r["orphans"]),
             str(r["over_budget"]),
@@ -707,6 +746,8 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
                 "cacheable",
                 "cache>=half",
                 "prefix reuse",
+                "fitting cut",
+                "cost / call",
                 "superseded",
                 "orphans",
                 "over budget",

@@ -39,7 +39,7 @@ from ctxstore._layout.memo import Memo
 from ctxstore._parts.lineage import Lineage
 from ctxstore._parts.scope import Scope
 from ctxstore._parts.snapshot import Relayout, Snapshot, Snapshots, entries_short
-from ctxstore._plan.anchored import plan_anchored
+from ctxstore._plan.anchored import brings_summary, plan_anchored
 from ctxstore._plan.growth import grow
 from ctxstore._plan.view import Shape, ViewPlan, caller_copy, nested_positions
 from ctxstore._plan.warm import WarmViews, _Warm, ahead_size, held_size
@@ -167,6 +167,8 @@ class Viewer:
         """A warm view's plan grown from its last one (:func:`grow`), or ``None``: plan it."""
         if snap.held is None or snap.read + snap.own != len(snap.new):
             return None  # no plan on this anchor, or the read reached back further
+        if brings_summary(snap.anchor, snap.watermark):
+            return None  # a step brings the new summary in
         return grow(
             snap.held,
             snap.tail,
@@ -232,6 +234,7 @@ class Viewer:
             epoch=snap.epoch,
             stamp=secrets.token_urlsafe(6),
             count=self._count,
+            watermark=snap.watermark,
         )
 
     def _count(self, message: dict[str, Any]) -> int:

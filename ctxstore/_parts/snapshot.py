@@ -68,6 +68,7 @@ class Snapshot:
     held_size: int | None = None  # the bytes of that copy
     last_id: bytes | None = None  # the newest entry when a cold read was made
     unanchored: bool = False  # planned on an anchor a full Redis would not keep
+    watermark: str | None = None  # the last entry the latest committed summary covers
 
 
 class Snapshots:
@@ -141,6 +142,7 @@ class Snapshots:
             life=meta[6],
             keep_version=meta[7],
             base=meta[8] or None,
+            watermark=text(meta[9]) if meta[9] else None,
         )
 
     async def _cold_snapshot(
@@ -332,6 +334,7 @@ _META = (
     Meta.LIFE,
     Meta.KEEP_VERSION,
     Meta.BASE,
+    Meta.WATERMARK,
 )
 """The counters every view reads (see :meth:`Snapshots._counters`)."""
 

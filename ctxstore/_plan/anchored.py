@@ -10,6 +10,15 @@ from an exchange boundary; a plan that sent everything from the anchor on, as
 first laid out, carries a :class:`~ctxstore._plan.view.Growth` for the next
 view (:func:`ctxstore._plan.growth.grow`). The layout, pairing and counting
 are the plain planner's (:func:`ctxstore._plan.view.lay_out`).
+
+Two rules come before the anchor's. A history that fits the budget in full
+(every tool result whole) is sent whole, in its own order, whatever large
+results it holds; past that, large results go as their previews
+(:func:`~ctxstore._plan.shape.sends_preview`), a form appends never change
+while the anchor holds. And a committed summary that covers entries the
+anchor drops without a summary of them is brought in at the next view, by a
+step (:func:`brings_summary`): one prefix break is worth more than many
+calls without what it holds.
 """
 
 from __future__ import annotations
@@ -22,7 +31,12 @@ from ctxstore._plan.pairs import bind_ties
 from ctxstore._plan.shape import Shape, per_call, sends_preview
 from ctxstore._plan.view import Count, Growth, Sizes, ViewPlan, lay_out
 
-__all__ = ["plan_anchored"]
+__all__ = ["GAP", "brings_summary", "plan_anchored"]
+
+GAP = "."
+"""Ends the stamp of an anchor that drops entries its summary does not cover.
+
+Stamps are otherwise URL-safe base64, which has no ``.``."""
 
 
 def plan_anchored(
@@ -37,6 +51,7 @@ def plan_anchored(
     epoch: int,
     stamp: str,
     count: Count | None = None,
+    watermark: str | None = None,
 ) -> tuple[ViewPlan | None, Anchor | None]:
     """Plan a view from its anchor, and move the anchor when the view would overflow.
 
@@ -56,6 +71,9 @@ def plan_anchored(
         stamp: Names a new anchor, if one is made.
         count: Counts a message sent in another form than stored; ``None``
             charges it its stored size.
+        watermark: The last entry the latest committed summary covers
+            (``None``: none): one that covers entries the anchor drops
+            unsummarized moves the anchor (:func:`brings_summary`).
 
     Returns:
         The plan, and the new anchor when it moved (``None`` when it did not);
@@ -70,9 +88,10 @@ def plan_anchored(
     def cost(entry: Entry) -> int:
         return sizes.preview(entry) if sends_preview(entry, budget, shape) else entry.tokens
 
-    def render(summary: SummaryText | None, body: list[Entry], held: Anchor | None) -> ViewPlan:
+    def render(
+        summary: SummaryText | None, body: list[Entry], held: Anchor | None, previewed: set[str]
+    ) -> ViewPlan:
         plan = ViewPlan(protected_tokens=protected_tokens, dropped=len(raw) - len(body))
-        previewed = {e.entry_id for e in body if sends_preview(e, budget, shape)}
         if lay_out(plan, protected, summary, body, previewed, sizes, budget):
             plan.growth = Growth(
                 anchor=held,
@@ -80,12 +99,26 @@ def plan_anchored(
                 shape=shape,
                 charged=protected_tokens
                 + (summary.tokens if summary else 0)
-                + sum(map(cost, body)),
+                + sum(sizes.preview(e) if e.entry_id in previewed else e.tokens for e in body),
                 ids=frozenset(i for e in (*protected, *body) for i in (*e.calls, *e.results)),
                 protected=frozenset(protected_ids),
                 last=entries[-1].entry_id if entries else "",
             )
         return plan
+
+    def forms(
+        summary: SummaryText | None, body: Sequence[Entry], whole: bool = False
+    ) -> tuple[set[str], int]:
+        """The entries of ``body`` sent as previews, and what the view then costs.
+
+        ``whole``: ``body`` is the whole history, sent in full when that fits.
+        """
+        base = protected_tokens + (summary.tokens if summary else 0)
+        full = base + sum(e.tokens for e in body)
+        if whole and full <= budget:
+            return set(), full  # the history, as it is
+        previewed = {e.entry_id for e in body if sends_preview(e, budget, shape)}
+        return previewed, base + sum(map(cost, body))
 
     if protected_tokens > budget:
         plan = ViewPlan(over_budget=True, protected_tokens=protected_tokens, dropped=len(raw))
@@ -95,11 +128,13 @@ def plan_anchored(
         start = entry_order(anchor.start) if anchor.start else None
         if start is None or complete or (raw and entry_order(raw[0].entry_id) <= start):
             body = [e for e in raw if start is None or entry_order(e.entry_id) >= start]
-            summary_tokens = anchor.summary.tokens if anchor.summary else 0
-            if protected_tokens + summary_tokens + sum(map(cost, body)) <= budget:
-                return render(anchor.summary, body, anchor), None
-    elif anchor is None and complete and protected_tokens + sum(map(cost, raw)) <= budget:
-        return render(None, raw, None), None  # the whole history fits
+            previewed, total = forms(anchor.summary, body)
+            if total <= budget and not brings_summary(anchor, watermark):
+                return render(anchor.summary, body, anchor, previewed), None
+    elif anchor is None and complete:
+        previewed, total = forms(None, raw, whole=True)
+        if total <= budget:  # the whole history fits: in full when it fits in full
+            return render(None, raw, None, previewed), None
     # A step: the summary that fits best, then raw entries back to the low-water mark.
     if levels is None:
         return None, None
@@ -110,16 +145,57 @@ def plan_anchored(
     target = low_water * budget - protected_tokens - summary_tokens
     covers = entry_order(summary.summary.covers_upto) if summary else None
     chosen = _step_body(raw, cost, target, room, covers)
+    begin_id = chosen[0].entry_id if chosen else _after(raw)
+    # A later summary may send what this anchor drops unsummarized: one that lags (sent
+    # here) or one not committed yet. Not one committed but unsent (it does not fit, or
+    # is not the current one): the next commit would not change that, and every view
+    # would step again.
+    gap = (summary is not None or watermark is None) and _drops_unsummarized(
+        raw, begin_id, covers, complete
+    )
     new = Anchor(
         epoch=epoch,
-        start=chosen[0].entry_id if chosen else _after(raw),
+        start=begin_id,
         summary=summary.summary if summary else None,
         level=summary.level if summary else 0,
-        stamp=stamp,
+        stamp=stamp + GAP if gap else stamp,
     )
     begin = entry_order(new.start) if new.start else None
     body = [e for e in raw if begin is None or entry_order(e.entry_id) >= begin]
-    return render(new.summary, body, new), new
+    previewed, _ = forms(new.summary, body)
+    return render(new.summary, body, new, previewed), new
+
+
+def brings_summary(anchor: Anchor | None, watermark: str | None) -> bool:
+    """True when a committed summary covers entries ``anchor`` drops with no summary of them.
+
+    The anchor's summary is frozen while it holds, so a newer one waits for
+    the next step; but when the anchor drops entries its summary does not
+    cover (its stamp ends with :data:`GAP`), a summary covering past what
+    the anchor's covers sends what the view lost: the anchor moves at once.
+    """
+    if anchor is None or watermark is None or not anchor.stamp.endswith(GAP):
+        return False
+    if anchor.summary is None:
+        return True
+    return entry_order(watermark) > entry_order(anchor.summary.covers_upto)
+
+
+def _drops_unsummarized(
+    raw: Sequence[Entry], start: str, covers: tuple[int, int] | None, complete: bool
+) -> bool:
+    """True when a view from ``start`` drops an entry that the summary (to ``covers``) lacks."""
+    begin = entry_order(start) if start else None
+    for entry in raw:
+        order = entry_order(entry.entry_id)
+        if begin is not None and order >= begin:
+            break
+        if covers is None or order > covers:
+            return True
+    if complete or not raw:
+        return False
+    # Older entries were not read: they are dropped, and unsummarized unless covered.
+    return covers is None or covers < entry_order(raw[0].entry_id)
 
 
 def _step_body(

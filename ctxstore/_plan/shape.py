@@ -6,7 +6,8 @@ model call adds until it is full again. How far a step cuts it back (its
 low-water mark) trades the budget it fills against the calls it lasts; both
 depend on what each call adds (:func:`per_call`), most of which is tool
 results, which go as their previews past a share of the budget
-(:func:`sends_preview`). Pure functions of the entries and the budget: a
+(:func:`sends_preview`) unless the whole history fits in full. Pure
+functions of the entries and the budget: while an anchor holds, a
 message's form never changes from one view to the next.
 """
 
@@ -33,9 +34,10 @@ class Shape:
             unchanged, until it is full again.
         summary_share: The most of the budget a summary may take.
         full_share: A tool result larger than this share of a 4,000-token
-            budget is sent as its preview (when it has one), so one result
-            never crowds out the rest; the share grows with the budget's
-            fourth root (twice as large at 64,000 tokens).
+            budget is sent as its preview (when it has one) unless the
+            whole history fits in full, so one result never crowds out the
+            rest; the share grows with the budget's fourth root (twice as
+            large at 64,000 tokens).
         calls: How many model calls a step should last at a 4,000-token
             budget (more at larger budgets, as their fourth root): the view
             is cut back further, down to ``low_water_floor``, when each call
@@ -74,14 +76,15 @@ def form_cost(entry: Entry, budget: int, shape: Shape) -> int:
 
     The form (its preview when it is too large) is a function of the entry
     and the budget only, so a message's form never changes from one view to
-    the next. A preview is sent a few tokens off its stored size (its
-    placeholders are filled in): the planner counts it as sent.
+    the next (a history that fits in full is sent whole instead). A preview
+    is sent a few tokens off its stored size (its placeholders are filled
+    in): the planner counts it as sent.
     """
     return entry.preview_tokens if sends_preview(entry, budget, shape) else entry.tokens
 
 
 def sends_preview(entry: Entry, budget: int, shape: Shape) -> bool:
-    """True when ``entry`` goes as its preview at ``budget`` (whether it is sent or not)."""
+    """True when ``entry`` goes as its preview at ``budget`` (unless the whole history fits)."""
     if entry.preview_data is None:
         return False
     return entry.tokens > shape.full_share * math.sqrt(math.sqrt(budget / _CALLS_AT)) * budget

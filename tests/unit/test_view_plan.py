@@ -21,7 +21,7 @@ from support.scenarios import Scenario, is_result, scenarios
 from ctxstore import count_message
 from ctxstore._layout.codec import ENTRY_PLACEHOLDER, Entry, SummaryText
 from ctxstore._layout.formats import call_ids, entry_order, result_ids
-from ctxstore._plan.anchored import plan_anchored
+from ctxstore._plan.anchored import GAP, brings_summary, plan_anchored
 from ctxstore._plan.view import Anchor, Shape, SummaryLevel, ViewPlan, plan_view
 from ctxstore.testing import WordCounter, orphans
 
@@ -713,6 +713,81 @@ def test_an_anchored_view_gives_way_should_a_repair_grow_a_message() -> None:
     assert plan.messages == [user("mid"), {"role": "assistant", "content": "x"}]
     assert plan.tokens == 35
     assert plan.repairs == ["dropped unanswered call c1"]
+
+
+def test_a_history_that_fits_in_full_is_planned_whole_in_its_own_order() -> None:
+    """The whole history is sent as stored when its full tokens fit; else large results shrink."""
+    items = [
+        user("go"),
+        {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "b", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "b", "output": "x" * 400},
+        {"type": "function_call_output", "call_id": "a", "output": "y"},
+    ]
+    raw = [Entry.of(eid(i), m, 10) for i, m in enumerate(items)]
+    preview = {"type": "function_call_output", "call_id": "b", "output": "x ... x"}
+    raw[3] = Entry.of(eid(3), items[3], 300, preview=preview, preview_tokens=10)
+    shape = Shape(full_share=0.01)  # 300 tokens is past its share at these budgets
+    for budget, sent in ((340, items), (339, [*items[:3], preview, items[4]])):
+        plan, moved = plan_anchored(
+            [],
+            raw,
+            budget,
+            anchor=None,
+            levels=None,
+            complete=True,
+            shape=shape,
+            epoch=0,
+            stamp="s",
+        )
+        assert plan is not None and moved is None
+        assert plan.messages == sent
+        assert plan.offloaded == ([] if sent is items else [eid(3)])
+
+
+def test_forms_never_change_as_the_anchor_grows() -> None:
+    """Appends keep the form of each entry an anchored view sent before them."""
+    shape = Shape(full_share=0.01)
+    raw = [Entry.of(eid(0), oa_call("c0"), 10), _big_result(1, "c0", tokens=60)]
+    held = Anchor(epoch=0, start=eid(0), summary=None, level=0, stamp="a")
+    sent: dict[str, dict[str, Any]] = {}
+    for n in range(2, 12, 2):
+        plan, moved = plan_anchored(
+            [], raw, 200, anchor=held, levels=None, complete=True, shape=shape, epoch=0, stamp="b"
+        )
+        if plan is None:
+            break
+        assert moved is None
+        for entry_id, message in zip(plan.kept_ids, plan.messages, strict=True):
+            assert sent.setdefault(entry_id, message) == message
+        raw += [Entry.of(eid(n), oa_call(f"c{n}"), 10), _big_result(n + 1, f"c{n}", tokens=60)]
+    assert len(sent) >= 6
+
+
+def test_a_summary_of_what_the_anchor_drops_moves_it_at_once() -> None:
+    """An anchor that drops entries unsummarized moves when a summary of them is committed."""
+    raw = [Entry.of(eid(i), user(f"u{i}"), 10) for i in range(10)]
+    plan, moved = plan_anchored(
+        [], raw, 50, anchor=None, levels=[], complete=True, shape=Shape(), epoch=0, stamp="s"
+    )
+    assert plan is not None and moved is not None and moved.stamp.endswith(GAP)
+    assert not plan.summary_used
+    kwargs: dict[str, Any] = {"complete": True, "shape": Shape(), "epoch": 0, "stamp": "t"}
+    held, again = plan_anchored([], raw, 50, anchor=moved, levels=None, **kwargs)
+    assert held is not None and again is None  # no summary committed: it holds
+    must, _ = plan_anchored([], raw, 50, anchor=moved, levels=None, watermark=eid(5), **kwargs)
+    assert must is None  # a step is due: the caller reads the summary levels
+    level = SummaryLevel(SummaryText(user("so far"), 10, eid(5)), 1)
+    stepped, new = plan_anchored(
+        [], raw, 50, anchor=moved, levels=[level], watermark=eid(5), **kwargs
+    )
+    assert stepped is not None and new is not None and stepped.summary_used
+    assert brings_summary(new, eid(5)) is False  # it moves once, not at every view
+    # A summary committed but not sent (too large for the budget) moves it no further.
+    large = SummaryLevel(SummaryText(user("all of it"), 45, eid(5)), 1)
+    _, unsent = plan_anchored([], raw, 50, anchor=moved, levels=[large], watermark=eid(5), **kwargs)
+    assert unsent is not None and unsent.summary is None
+    assert brings_summary(unsent, eid(5)) is False
 
 
 # -- plan_anchored: where a step cuts back to -----------------------------------
