@@ -142,14 +142,14 @@ async def test_a_pods_workload_is_counted_as_it_happened(
         await store.append("big", user("x" * 3_000))
     with pytest.raises(InvalidIdError):
         await store.view("no/such:id")
-    # An orphan tool result (repaired), a large one (offloaded), a tight budget (drops),
-    # and a system message larger than its budget (over budget).
+    # An orphan tool result (repaired), one too large for its budget (offloaded), a tight
+    # budget (drops), and a system message larger than its budget (over budget).
     await store.append_many("t", [user("q"), oa_result("ghost", "lost"), *tool_exchange(1, 150)])
     await store.append("p", {"role": "system", "content": "be careful " * 40})
     views: list[RequestView] = []
     for budget in (5_000, 120):
         views.append(await store.view("s", token_budget=budget))
-    views.append(await store.view("t", token_budget=400))
+    views.append(await store.view("t", token_budget=150))  # the history does not fit
     views.append(await store.view("p", token_budget=20))
 
     got = await scrape(registry)
