@@ -36,19 +36,15 @@ import secrets
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
-from ctxstore._cli.exits import ExitStatus, status_of
+from ctxstore._cli.exits import ExitStatus, address, explain, status_of
 from ctxstore.errors import (
     ConfigurationError,
     CtxstoreError,
-    EntryNotFoundError,
-    ForgetIncompleteError,
     InvalidInputError,
     PermissionDeniedError,
     SessionNotFoundError,
     StoreError,
-    StoreUnavailableError,
 )
 
 if TYPE_CHECKING:
@@ -103,67 +99,8 @@ def _main(argv: list[str]) -> int:
             return _worker(settings, args)
         return asyncio.run(_COMMANDS[args.command](settings, args))
     except CtxstoreError as exc:
-        print(f"ctxstore: {_explain(exc, settings)}", file=sys.stderr)
+        print(f"ctxstore: {explain(exc, settings)}", file=sys.stderr)
         return status_of(exc)
-
-
-# -- errors ----------------------------------------------------------------------
-
-
-def _explain(exc: CtxstoreError, settings: Settings | None) -> str:
-    """The one line an error is reported with, naming what to fix (its status: ``status_of``)."""
-    message = str(exc)
-    variable, where = _url_setting(message, settings)
-    if isinstance(exc, ForgetIncompleteError):
-        line = f"forget of tenant {exc.tenant!r} is incomplete: {_bare(exc)}"
-        if isinstance(exc.__cause__, PermissionDeniedError):
-            line += f" (the Redis user of {variable} may not delete the rest)"
-        return line
-    if isinstance(exc, PermissionDeniedError):
-        # errors.py has one class for both; the connection's edge words them apart.
-        if "refused the credentials" in message:
-            return f"{message}; check the user and password in {variable}"
-        return f"{message}; run it as a Redis user that may ({variable})"
-    if isinstance(exc, StoreUnavailableError):
-        # Which key the call was for says nothing about a Redis that does not answer.
-        return f"{_bare(exc).rstrip('. ')}; is Redis running at {where}? Check {variable}"
-    if isinstance(exc, SessionNotFoundError) and None not in (exc.session, exc.tenant):
-        return f"no session {exc.session!r} for tenant {exc.tenant!r}"
-    if isinstance(exc, EntryNotFoundError) and None not in (exc.session, exc.tenant):
-        return f"{_bare(exc)} in session {exc.session!r} of tenant {exc.tenant!r}"
-    return message
-
-
-def _bare(exc: CtxstoreError) -> str:
-    """The error's message without the ``(tenant=..., key=...)`` that ``CtxstoreError`` adds."""
-    where = [
-        f"{name}={value!r}"
-        for name, value in (("tenant", exc.tenant), ("session", exc.session), ("key", exc.key))
-        if value is not None
-    ]
-    return str(exc).removesuffix(f" ({', '.join(where)})" if where else "")
-
-
-def _url_setting(message: str, settings: Settings | None) -> tuple[str, str]:
-    """The setting naming the Redis an error is about, and that Redis's address (no password)."""
-    if settings is None:
-        return "CTXSTORE_REDIS_URL", "its URL"
-    if settings.queue_url is not None and message.startswith("the summary queue's"):
-        return "CTXSTORE_QUEUE_URL", _address(settings.queue_url)
-    if settings.redis_url is None:
-        return "CTXSTORE_REDIS_URL (unset: the embedded Redis)", "the embedded Redis"
-    return "CTXSTORE_REDIS_URL", _address(settings.redis_url)
-
-
-def _address(url: str) -> str:
-    """Where a URL points, without its user or password."""
-    try:
-        parts = urlsplit(url)
-        if parts.scheme == "unix":
-            return parts.path
-        return f"{parts.hostname}:{parts.port or 6379}"
-    except ValueError:
-        return "its URL"
 
 
 # -- the parser ------------------------------------------------------------------
@@ -556,7 +493,7 @@ async def _functions(settings: Settings, args: argparse.Namespace) -> int:
             if not _unknown_command(exc, "FUNCTION"):
                 raise
             url = settings.redis_url
-            where = "the embedded Redis" if url is None else f"the Redis at {_address(url)}"
+            where = "the embedded Redis" if url is None else f"the Redis at {address(url)}"
             raise ConfigurationError(
                 f"{where} has no Functions, which came with Redis 7: nothing to "
                 f"{args.action}. Pods run the scripts there by EVALSHA, which needs nothing "

@@ -1,4 +1,6 @@
-"""The ``ctxstore`` command's exit statuses: one table, the same for every command.
+"""How a ``ctxstore`` command fails: a line naming what to fix, a status from one table.
+
+The table is the same for every command:
 
 ```
 0    done
@@ -21,6 +23,8 @@ reports a failure by raising a :class:`~ctxstore.errors.CtxstoreError`;
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from ctxstore.errors import (
     ConfigurationError,
@@ -29,10 +33,14 @@ from ctxstore.errors import (
     ForgetIncompleteError,
     InvalidInputError,
     PermissionDeniedError,
+    SessionNotFoundError,
     StoreUnavailableError,
 )
 
-__all__ = ["ExitStatus", "status_of"]
+if TYPE_CHECKING:
+    from ctxstore.settings import Settings
+
+__all__ = ["ExitStatus", "address", "explain", "status_of"]
 
 
 class ExitStatus(IntEnum):
@@ -65,3 +73,62 @@ def status_of(exc: CtxstoreError) -> ExitStatus:
     if isinstance(exc, _CANNOT_RUN):
         return ExitStatus.CANNOT_RUN
     return ExitStatus.FAILED
+
+
+# -- the one line a failure is reported with ----------------------------------------
+
+
+def explain(exc: CtxstoreError, settings: Settings | None) -> str:
+    """The one line an error is reported with, naming what to fix (its status: ``status_of``)."""
+    message = str(exc)
+    variable, where = _url_setting(message, settings)
+    if isinstance(exc, ForgetIncompleteError):
+        line = f"forget of tenant {exc.tenant!r} is incomplete: {_bare(exc)}"
+        if isinstance(exc.__cause__, PermissionDeniedError):
+            line += f" (the Redis user of {variable} may not delete the rest)"
+        return line
+    if isinstance(exc, PermissionDeniedError):
+        # errors.py has one class for both; the connection's edge words them apart.
+        if "refused the credentials" in message:
+            return f"{message}; check the user and password in {variable}"
+        return f"{message}; run it as a Redis user that may ({variable})"
+    if isinstance(exc, StoreUnavailableError):
+        # Which key the call was for says nothing about a Redis that does not answer.
+        return f"{_bare(exc).rstrip('. ')}; is Redis running at {where}? Check {variable}"
+    if isinstance(exc, SessionNotFoundError) and None not in (exc.session, exc.tenant):
+        return f"no session {exc.session!r} for tenant {exc.tenant!r}"
+    if isinstance(exc, EntryNotFoundError) and None not in (exc.session, exc.tenant):
+        return f"{_bare(exc)} in session {exc.session!r} of tenant {exc.tenant!r}"
+    return message
+
+
+def _bare(exc: CtxstoreError) -> str:
+    """The error's message without the ``(tenant=..., key=...)`` that ``CtxstoreError`` adds."""
+    where = [
+        f"{name}={value!r}"
+        for name, value in (("tenant", exc.tenant), ("session", exc.session), ("key", exc.key))
+        if value is not None
+    ]
+    return str(exc).removesuffix(f" ({', '.join(where)})" if where else "")
+
+
+def _url_setting(message: str, settings: Settings | None) -> tuple[str, str]:
+    """The setting naming the Redis an error is about, and that Redis's address (no password)."""
+    if settings is None:
+        return "CTXSTORE_REDIS_URL", "its URL"
+    if settings.queue_url is not None and message.startswith("the summary queue's"):
+        return "CTXSTORE_QUEUE_URL", address(settings.queue_url)
+    if settings.redis_url is None:
+        return "CTXSTORE_REDIS_URL (unset: the embedded Redis)", "the embedded Redis"
+    return "CTXSTORE_REDIS_URL", address(settings.redis_url)
+
+
+def address(url: str) -> str:
+    """Where a URL points, without its user or password."""
+    try:
+        parts = urlsplit(url)
+        if parts.scheme == "unix":
+            return parts.path
+        return f"{parts.hostname}:{parts.port or 6379}"
+    except ValueError:
+        return "its URL"
