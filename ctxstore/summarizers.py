@@ -48,6 +48,7 @@ __all__ = [
     "OpenAISummarizer",
     "Summarizer",
     "render_transcript",
+    "summarizer_choice",
     "summarizer_from_settings",
 ]
 
@@ -474,6 +475,17 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     return None
 
 
+def summarizer_choice(settings: Settings) -> str:
+    """The summarizer ``settings.summarizer`` names, ``auto`` resolved.
+
+    ``auto`` (the default) is ``anthropic`` when an Anthropic API key is set,
+    else ``local``; any other value is returned as it is.
+    """
+    if settings.summarizer == "auto":
+        return "anthropic" if settings.anthropic_api_key is not None else "local"
+    return settings.summarizer
+
+
 def summarizer_from_settings(settings: Settings) -> Summarizer:
     """The summarizer ``settings.summarizer`` names.
 
@@ -484,9 +496,7 @@ def summarizer_from_settings(settings: Settings) -> Summarizer:
         ConfigurationError: The summarizer is unknown, or lacks what it needs
             (Anthropic's a key; OpenAI's a model, and a key or a base URL).
     """
-    choice = settings.summarizer
-    if choice == "auto":
-        choice = "anthropic" if settings.anthropic_api_key is not None else "local"
+    choice = summarizer_choice(settings)
     if choice == "anthropic":
         if settings.anthropic_api_key is None:
             raise ConfigurationError("CTXSTORE_SUMMARIZER=anthropic needs ANTHROPIC_API_KEY")

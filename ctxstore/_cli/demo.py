@@ -56,6 +56,7 @@ from ctxstore.errors import CtxstoreError
 from ctxstore.models import SessionInfo
 from ctxstore.settings import Settings
 from ctxstore.store import ContextStore
+from ctxstore.summarizers import summarizer_choice
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -240,11 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     retry = (min(1, args.sessions - 1), RETRIED_TURN) if args.pods > 1 else None
     calls = sum(len(t.steps) for t in stories[0].turns)
     messages = sum(len(t.messages) for t in stories[0].turns)
-    choice = settings.summarizer
-    if choice == "auto":
-        choice = "anthropic" if settings.anthropic_api_key is not None else "local"
     summarizer = {"anthropic": "Anthropic's API", "openai": "an OpenAI-compatible API"}.get(
-        choice, "the local summarizer"
+        summarizer_choice(settings), "the local summarizer"
     )
     print(
         f"{_count(args.pods, 'pod')}, {_count(args.sessions, 'conversation')} at once. In each, "
