@@ -69,10 +69,11 @@ def encode_session_id(value: str) -> str:
     """
     if not isinstance(value, str):
         raise InvalidIdError(f"session id must be a string, not {type(value).__name__}")
+    value = str.__str__(value)  # a str subclass's own methods take no part
     if not value:
         raise InvalidIdError("session id is empty")
     if not value.startswith(RESERVED) and _is_session_id(value):
-        return str.__str__(value)
+        return value
     raw = value.encode("utf-8", "surrogatepass")
     escaped = ESCAPED + "".join(chr(byte) if byte in _KEPT else f".{byte:02X}" for byte in raw)
     if len(escaped) <= MAX_ID_LENGTH:

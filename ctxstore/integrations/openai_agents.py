@@ -281,9 +281,15 @@ def _held(item: Any) -> Any:
 
 
 def _unhold(message: dict[str, Any]) -> TResponseInputItem:
-    """The SDK's item a stored message is (what a :data:`HELD` item holds)."""
-    if message.get("type") == HELD and "role" not in message:
-        return cast(TResponseInputItem, message.get("item"))
+    """The SDK's item a stored message is (what a :data:`HELD` item holds).
+
+    Only what :func:`_held` makes is unwrapped: exactly ``type`` and an ``item`` that is
+    a dict. A message of that type written some other way comes back as it is.
+    """
+    if message.get("type") == HELD and message.keys() == {"type", "item"}:
+        held = message["item"]
+        if isinstance(held, dict):
+            return cast(TResponseInputItem, held)
     return cast(TResponseInputItem, message)
 
 

@@ -134,3 +134,17 @@ def test_a_string_encode_never_makes_is_refused_by_decode(bad: str) -> None:
     """Non-canonical escapes, bad UTF-8, other reserved forms and invalid ids do not decode."""
     with pytest.raises(InvalidIdError):
         decode_session_id(bad)
+
+
+def test_a_str_subclass_maps_as_its_plain_string() -> None:
+    """A str subclass's own methods take no part: it maps as the plain string it holds."""
+
+    class Odd(str):
+        def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
+            return b"abc"
+
+        def startswith(self, *args: object, **kwargs: object) -> bool:  # type: ignore[override]
+            return False
+
+    for plain in ("x/y", "chat-9", "_.eabc"):
+        assert encode_session_id(Odd(plain)) == encode_session_id(plain)

@@ -42,6 +42,22 @@ async def test_items_with_no_role_come_back_equal_from_every_read(new_session: A
     assert await session.get_items() == items[:-2]
 
 
+async def test_a_message_of_the_holding_type_it_did_not_write_comes_back_as_it_is(
+    new_session: Any,
+) -> None:
+    """Written by another writer of the session: no None item, nothing unwrapped, pop pops it."""
+    session = new_session("foreign")
+    foreign = [
+        {"type": HELD},
+        {"type": HELD, "item": "not an item"},
+        {"type": HELD, "item": {"role": "system", "content": "x"}, "extra": 1},
+    ]
+    await session.store.append_many(session.store_session_id, foreign)
+    assert await session.get_items() == foreign
+    assert await session.pop_item() == foreign[-1]
+    assert await session.get_items() == foreign[:-1]
+
+
 async def test_they_are_what_the_sdks_own_session_keeps(new_session: Any) -> None:
     """The same items in SQLiteSession and in a CtxstoreSession read back the same."""
     reference = SQLiteSession("roleless", ":memory:")
